@@ -1,0 +1,51 @@
+"""Classification metrics from logits and labels: plain numpy, rounded so the JSON is byte-stable."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+DIGITS = 6
+
+
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-log_probs[np.arange(len(labels)), labels].mean()) if len(labels) else 0.0
+
+
+def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int) -> np.ndarray:
+    matrix = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(matrix, (labels, predicted), 1)
+    return matrix
+
+
+def classification_metrics(
+    logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str]
+) -> dict[str, Any]:
+    """accuracy, loss, macro precision/recall/F1 and per-class figures (rows of the matrix: true class)."""
+    labels = np.asarray(labels, dtype=np.int64)
+    predicted = logits.argmax(axis=1)
+    matrix = confusion_matrix(labels, predicted, len(class_names))
+    true_pos = np.diag(matrix).astype(np.float64)
+    support = matrix.sum(axis=1)
+    predicted_count = matrix.sum(axis=0)
+    precision = np.divide(true_pos, predicted_count, out=np.zeros_like(true_pos), where=predicted_count > 0)
+    recall = np.divide(true_pos, support, out=np.zeros_like(true_pos), where=support > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(true_pos), where=denom > 0)
+    r = lambda x: round(float(x), DIGITS)  # noqa: E731
+    return {
+        "accuracy": r(true_pos.sum() / max(len(labels), 1)),
+        "loss": r(cross_entropy(logits, labels)),
+        "macro_precision": r(precision.mean()),
+        "macro_recall": r(recall.mean()),
+        "macro_f1": r(f1.mean()),
+        "num_samples": int(len(labels)),
+        "per_class": {
+            name: {"precision": r(precision[i]), "recall": r(recall[i]), "f1": r(f1[i]), "support": int(support[i])}
+            for i, name in enumerate(class_names)
+        },
+    }

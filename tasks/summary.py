@@ -1,0 +1,34 @@
+"""`python -m tasks.summary` (make run): what the pipeline produced and where, from its JSON outputs."""
+
+from __future__ import annotations
+
+from tasks.io import read_json
+from tasks.params import load_params
+
+
+def main() -> None:
+    params = load_params()
+    reports = params.paths.reports
+    metrics = read_json(reports / "metrics.json")
+    export = read_json(reports / "export.json")
+    verdict = read_json(reports / "regression.json")
+    quarantine = read_json(params.paths.shards / "quarantine.json")["counts"]
+    gate = "no baseline yet (make promote)" if not verdict["has_baseline"] else (
+        "PASS" if verdict["passed"] else "REGRESSION")  # fmt: skip
+    print(
+        "\nPipeline finished\n"
+        f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
+        f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored\n"
+        f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
+        f"{metrics['num_samples']} test images)\n"
+        f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
+        f"  regression    {gate}\n"
+        f"  model         {params.paths.model}, {params.paths.onnx}\n"
+        f"  metrics       {reports / 'metrics.json'} (dvc metrics show)\n"
+        f"  plots         {reports / 'train_curves.png'}, {reports / 'confusion.png'}\n"
+        f"  TensorBoard   make tensorboard  (logs in {params.paths.runs})"
+    )
+
+
+if __name__ == "__main__":
+    main()

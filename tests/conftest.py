@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny ImageFolders on disk and throwaway copies of the project as real git+DVC repos."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT_FILES = ("tasks", "flows", "baseline", "dvc.yaml", "params.yaml")
+
+# A run small enough for a test: 10 x 12 generated images at 32 px, one short epoch.
+TINY = {
+    "generate": {"images_per_class": 12, "min_side": 24, "max_side": 64, "workers": 1},
+    "preprocess": {"image_size": 32, "workers": 1, "val_fraction": 0.2, "test_fraction": 0.2},
+    "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "threads": 1},
+    # A model trained for one short epoch has large, unsettled logits; fp32 rounding differences
+    # between PyTorch and onnxruntime scale with them.
+    "export": {"max_abs_diff": 0.01},
+}
+
+
+def deep_update(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = deep_update(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def make_imagefolder(root: Path, classes: int = 3, per_class: int = 20, seed: int = 0) -> Path:
+    """Classes told apart by colour, sizes and formats varied."""
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        tint = np.array([(c * 97) % 256, (c * 53 + 80) % 256, (c * 191 + 30) % 256])
+        for i in range(per_class):
+            h, w = rng.integers(20, 80, size=2)
+            pixels = (rng.random((h, w, 3)) * 60 + tint * 0.7).clip(0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / (f"{i:03d}.png" if i % 2 else f"{i:03d}.jpg"))
+    return root
+
+
+def env_with_venv() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, env=env_with_venv(), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sh([sys.executable, "-m", "dvc", *args], cwd=cwd, check=check)
+
+
+def write_params(repo: Path, update: dict[str, Any]) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (repo / "params.yaml").write_text(yaml.safe_dump(deep_update(params, update), sort_keys=False))
+
+
+def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
+    """A copy of the project as a fresh git + DVC repository, with params shrunk by `update`."""
+    dest.mkdir(parents=True)
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json"))
+        else:
+            shutil.copy2(src, dest / name)
+    write_params(dest, deep_update(TINY, update or {}))
+    sh(["git", "init", "-q"], cwd=dest)
+    dvc("init", "-q", cwd=dest)
+    dvc("config", "core.analytics", "false", cwd=dest)
+    return dest
+
+
+@pytest.fixture
+def imagefolder(tmp_path: Path) -> Path:
+    return make_imagefolder(tmp_path / "images")

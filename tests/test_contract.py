@@ -1,0 +1,89 @@
+"""dvc.yaml, params.yaml, tasks/ and flows/ agree: one declaration of the DAG, nothing drifting."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+
+import pytest
+import yaml
+
+from flows.dag import layers, load_stages, upstream
+from tasks.params import Params, load_params
+from tests.conftest import ROOT
+
+PIPELINE = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+STAGES = load_stages(ROOT)
+
+
+def tasks_imports(module: str, seen: set[str] | None = None) -> set[str]:
+    """tasks.* modules imported by `module`, transitively."""
+    seen = seen if seen is not None else set()
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    for node in ast.walk(tree):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        for name in names:
+            if name.startswith("tasks.") and name not in seen:
+                seen.add(name)
+                tasks_imports(name, seen)
+    return seen
+
+
+def sections_read_by_main(module: str) -> set[str]:
+    """Params sections that the stage's main code reads (`p.<section>`)."""
+    source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+    tree = ast.parse(source)
+    bodies = [ast.get_source_segment(source, n) or "" for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("main", "_main")]
+    return set(re.findall(r"\b(?:p|params)\.(\w+)", "\n".join(bodies))) & set(Params.model_fields)
+
+
+def test_params_yaml_is_valid() -> None:
+    load_params(ROOT / "params.yaml")
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE))
+def test_stage_module_matches_dvc_stage(name: str) -> None:
+    stage = PIPELINE[name]
+    assert stage["cmd"] == f"python -m tasks.{name}"
+    module = importlib.import_module(f"tasks.{name}")
+    assert callable(module.run) and callable(module.main)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE))
+def test_declared_params_cover_what_the_stage_reads(name: str) -> None:
+    declared = set(PIPELINE[name].get("params", []))
+    assert declared <= set(Params.model_fields), f"{name}: declares sections that params.yaml does not have"
+    missing = sections_read_by_main(f"tasks.{name}") - declared
+    assert not missing, f"dvc.yaml stage {name} reads params {sorted(missing)} without declaring them"
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE))
+def test_code_deps_are_listed(name: str) -> None:
+    code = {f"tasks/{m.split('.', 1)[1]}.py" for m in tasks_imports(f"tasks.{name}") | {f"tasks.{name}"}}
+    listed = {d for d in STAGES[name].deps if d.startswith("tasks/")}
+    assert code <= listed, f"dvc.yaml stage {name} does not list {sorted(code - listed)}"
+    assert all((ROOT / d).is_file() for d in listed), f"{name}: a listed code dep does not exist"
+
+
+def test_templated_paths_resolve_to_params() -> None:
+    params = load_params(ROOT / "params.yaml")
+    outs = {o for s in STAGES.values() for o in s.outs}
+    assert {str(params.paths.shards), str(params.paths.model), str(params.paths.onnx)} <= outs
+    assert not any("${" in p for s in STAGES.values() for p in (*s.deps, *s.outs))
+
+
+def test_flow_runs_every_stage_once_in_dependency_order() -> None:
+    order = layers(STAGES)
+    flat = [name for layer in order for name in layer]
+    assert sorted(flat) == sorted(PIPELINE)
+    position = {name: i for i, layer in enumerate(order) for name in layer}
+    for name, before in upstream(STAGES).items():
+        assert all(position[b] < position[name] for b in before)
+    assert ["evaluate", "export"] in order  # independent stages run at the same time
+
+
+def test_default_data_flows_from_generate_to_preprocess() -> None:
+    assert "generate" in upstream(STAGES)["preprocess"]
+    assert upstream(STAGES)["train"] == {"preprocess"}

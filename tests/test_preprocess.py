@@ -1,0 +1,132 @@
+"""Preprocessing and shards: accounting, determinism, stable splits, checksums, atomic output, dataset."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tasks import preprocess
+from tasks.augment import Augment
+from tasks.imaging import decode_image, resize_crop
+from tasks.io import read_json
+from tasks.params import AugmentParams, PreprocessParams
+from tasks.shards import ShardDataset, ShardError, ShardSplit
+from tests.conftest import make_imagefolder
+
+PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=16, val_fraction=0.2, test_fraction=0.2)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_accounting_and_quarantine(imagefolder: Path, tmp_path: Path) -> None:
+    (imagefolder / "class_0" / "notes.md").write_text("not an image")
+    (imagefolder / "class_0" / ".hidden.png").write_bytes(b"x")
+    (imagefolder / "class_1" / "empty.jpg").write_bytes(b"")
+    (imagefolder / "class_1" / "text.png").write_text("hello")
+    good = (imagefolder / "class_2" / "000.jpg").read_bytes()
+    (imagefolder / "class_2" / "cut.jpg").write_bytes(good[: len(good) // 2])
+    before = tree_bytes(imagefolder)
+
+    result = preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "shards")
+
+    report = read_json(tmp_path / "shards" / "quarantine.json")
+    counts = report["counts"]
+    assert counts == result.counts
+    assert counts["seen"] == counts["accepted"] + counts["quarantined"] + counts["ignored"] == 65
+    reasons = {q["path"]: q["reason"] for q in report["quarantined"]}
+    assert reasons["class_1/empty.jpg"] == "empty_file"
+    assert reasons["class_1/text.png"] == "not_an_image"
+    assert reasons["class_2/cut.jpg"] in {"truncated", "decode_error"}
+    assert {i["path"] for i in report["ignored"]} == {"class_0/notes.md", "class_0/.hidden.png"}
+    assert sum(result.split_counts.values()) == counts["accepted"] == 60
+    assert tree_bytes(imagefolder) == before  # raw data never modified
+
+
+def test_same_input_gives_identical_bytes(imagefolder: Path, tmp_path: Path) -> None:
+    preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "a")
+    preprocess.run(PARAMS.model_copy(update={"workers": 2}), seed=1, source=imagefolder, out_dir=tmp_path / "b")
+    assert tree_bytes(tmp_path / "a") == tree_bytes(tmp_path / "b")
+    assert str(tmp_path) not in (tmp_path / "a" / "manifest.json").read_text()
+
+
+def test_adding_images_never_moves_existing_ones(imagefolder: Path, tmp_path: Path) -> None:
+    preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "before")
+    make_imagefolder(tmp_path / "extra", per_class=10, seed=99)
+    for path in (tmp_path / "extra").rglob("*.*"):
+        shutil.copy(path, imagefolder / path.parent.name / f"new_{path.name}")
+    preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "after")
+    before = {f["path"]: f["split"] for f in read_json(tmp_path / "before" / "manifest.json")["files"]}
+    after = {f["path"]: f["split"] for f in read_json(tmp_path / "after" / "manifest.json")["files"]}
+    assert len(after) == len(before) + 30
+    assert all(after[path] == split for path, split in before.items())
+    assert set(before.values()) == {"train", "val", "test"}
+
+
+def test_altered_shard_is_refused(imagefolder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=out)
+    shard = sorted(out.glob("train-*.arrow"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-200] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ShardError, match=f"{shard.name}: checksum does not match"):
+        ShardSplit.open(out, "train")
+
+
+def test_crash_leaves_no_output(imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(preprocess, "write_shard", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "shards")
+    assert list(tmp_path.iterdir()) == [imagefolder]
+
+
+def test_missing_or_flat_source_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(preprocess.StageError, match="nope: not a directory"):
+        preprocess.run(PARAMS, seed=1, source=tmp_path / "nope", out_dir=tmp_path / "out")
+    (tmp_path / "flat").mkdir()
+    with pytest.raises(preprocess.StageError, match="found 0 class folders"):
+        preprocess.run(PARAMS, seed=1, source=tmp_path / "flat", out_dir=tmp_path / "out")
+
+
+def test_dataset_reads_shards_and_augments_reproducibly(imagefolder: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=out)
+    plain = ShardDataset(out, "train")
+    image, label = plain[3]
+    assert image.dtype == torch.uint8 and image.shape == (3, 16, 16)
+    assert 0 <= label < 3
+    assert len(plain) == read_json(out / "manifest.json")["splits"]["train"]["count"]
+
+    augmented = ShardDataset(out, "train", augment=Augment(AugmentParams(crop_padding=4)), seed=5)
+
+    def batches(workers: int) -> list[torch.Tensor]:
+        loader = torch.utils.data.DataLoader(augmented, batch_size=8, num_workers=workers)
+        return [images for images, _ in loader]
+
+    zero, two = batches(0), batches(2)
+    assert all(torch.equal(a, b) for a, b in zip(zero, two, strict=True))
+    augmented.set_epoch(1)
+    assert not all(torch.equal(a, b) for a, b in zip(zero, batches(0), strict=True))
+
+
+def test_decode_normalises_modes(tmp_path: Path) -> None:
+    sixteen = np.full((8, 8), 40000, dtype=np.uint16)
+    Image.fromarray(sixteen).save(tmp_path / "16.png")
+    assert np.asarray(decode_image((tmp_path / "16.png").read_bytes()))[0, 0].tolist() == [156] * 3
+    rgba = Image.new("RGBA", (8, 8), (255, 0, 0, 0))
+    rgba.save(tmp_path / "a.png")
+    assert np.asarray(decode_image((tmp_path / "a.png").read_bytes()))[0, 0].tolist() == [255, 255, 255]
+    wide = Image.new("RGB", (40, 20), (0, 0, 0))
+    wide.paste((255, 255, 255), (0, 0, 6, 20))  # a white strip on the left: cut by the center crop
+    arr = resize_crop(wide, 10)
+    assert arr.shape == (3, 10, 10) and arr.max() == 0
