@@ -61,8 +61,7 @@ def train_flow(repo_dir: str = ".", train_retries: int = 1) -> list[str]:
     done: list[str] = []
     for layer in layers(load_stages(Path(repo))):
         futures = [
-            run_stage.with_options(retries=train_retries if name == "train" else 0).submit(name, repo)
-            for name in layer
+            run_stage.with_options(retries=train_retries if name == "train" else 0).submit(name, repo) for name in layer
         ]
         wait(futures)
         done.extend(future.result() for future in futures)  # raises the first failure

@@ -44,7 +44,10 @@ def run(
     write_json(metrics_path, metrics)
     write_json(
         confusion_json,
-        [{"actual": names[a], "predicted": names[p]} for a, p in zip(test.labels.tolist(), predicted.tolist())],
+        [
+            {"actual": names[a], "predicted": names[p]}
+            for a, p in zip(test.labels.tolist(), predicted.tolist(), strict=True)
+        ],
     )
     plot_confusion(confusion_matrix(test.labels, predicted, len(names)), names, confusion_png)
     log.info("test accuracy %.4f, macro F1 %.4f on %d images -> %s",

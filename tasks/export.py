@@ -68,15 +68,15 @@ def onnx_logits(path: Path, images: np.ndarray, spec: PreprocessSpec, batch_size
     options.intra_op_num_threads = os.cpu_count() or 1
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     outputs = [
-        session.run([OUTPUT_NAME], {INPUT_NAME: normalize(torch.from_numpy(images[i : i + batch_size].copy()), spec).numpy()})[0]
+        session.run(
+            [OUTPUT_NAME], {INPUT_NAME: normalize(torch.from_numpy(images[i : i + batch_size].copy()), spec).numpy()}
+        )[0]
         for i in range(0, len(images), batch_size)
     ]
     return np.concatenate(outputs)
 
 
-def run(
-    params: ExportParams, *, model_path: Path, shard_dir: Path, onnx_path: Path, report_path: Path
-) -> ExportResult:
+def run(params: ExportParams, *, model_path: Path, shard_dir: Path, onnx_path: Path, report_path: Path) -> ExportResult:
     model, spec, payload = load_model_file(model_path)
     tmp = onnx_path.with_name(f".{onnx_path.name}.tmp-{os.getpid()}")
     onnx_path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,9 +22,7 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int
     return matrix
 
 
-def classification_metrics(
-    logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str]
-) -> dict[str, Any]:
+def classification_metrics(logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
     """accuracy, loss, macro precision/recall/F1 and per-class figures (rows of the matrix: true class)."""
     labels = np.asarray(labels, dtype=np.int64)
     predicted = logits.argmax(axis=1)

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from tasks.cli import StageError, stage_main
 from tasks.imaging import PreprocessSpec, is_image_name, load_array
 from tasks.io import atomic_dir, dumps_json, sha256_bytes
-from tasks.params import Params, PreprocessParams, derive_seed
+from tasks.params import PreprocessParams, derive_seed
 from tasks.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, class_counts, write_shard
 
 log = logging.getLogger(__name__)
@@ -155,9 +155,7 @@ def run(params: PreprocessParams, *, seed: int, source: Path, out_dir: Path) -> 
                 "shards": shards,
             }
         (tmp / MANIFEST).write_text(dumps_json(manifest))
-        (tmp / QUARANTINE).write_text(
-            dumps_json({"quarantined": quarantined, "ignored": ignored, "counts": counts})
-        )
+        (tmp / QUARANTINE).write_text(dumps_json({"quarantined": quarantined, "ignored": ignored, "counts": counts}))
 
     for reason, count in sorted(Counter(q["reason"] for q in quarantined).items()):
         log.info("quarantined %d files: %s", count, reason)

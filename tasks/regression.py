@@ -58,9 +58,7 @@ def check_rule(rule: Rule, metrics: Mapping[str, Any], baseline: Mapping[str, An
     return RuleResult(rule.metric, rule.direction, value, base, round(delta, 6), allowed, passed, reason)
 
 
-def compare(
-    metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None, rules: Sequence[Rule]
-) -> Verdict:
+def compare(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None, rules: Sequence[Rule]) -> Verdict:
     """Every rule checked; with no baseline at all the verdict passes and says so."""
     if baseline is None:
         return Verdict(passed=True, has_baseline=False, results=())
@@ -77,7 +75,7 @@ def format_table(verdict: Verdict) -> str:
         rows.append((f"{r.metric} ({r.direction} is better)", fmt(r.value), fmt(r.baseline), fmt(r.delta),
                      fmt(r.allowed), "PASS" if r.passed else f"FAIL: {r.reason}"))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("verdict: " + ("PASS" if verdict.passed else "REGRESSION"))
     return "\n".join(lines)

@@ -15,6 +15,11 @@ import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Offline and quiet: no telemetry from DVC or Prefect during tests.
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 PROJECT_FILES = ("tasks", "flows", "baseline", "dvc.yaml", "params.yaml")
 
 # A run small enough for a test: 10 x 12 generated images at 32 px, one short epoch.
@@ -52,14 +57,16 @@ def make_imagefolder(root: Path, classes: int = 3, per_class: int = 20, seed: in
 def env_with_venv() -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(DVC_NO_ANALYTICS="1", DO_NOT_TRACK="1", PYTHONUNBUFFERED="1")
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
 def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, cwd=cwd, env=env_with_venv(), capture_output=True, text=True)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -78,7 +85,9 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
     for name in PROJECT_FILES:
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json"))
+            shutil.copytree(
+                src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json")
+            )
         else:
             shutil.copy2(src, dest / name)
     write_params(dest, deep_update(TINY, update or {}))

@@ -35,7 +35,11 @@ def sections_read_by_main(module: str) -> set[str]:
     """Params sections that the stage's main code reads (`p.<section>`)."""
     source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
     tree = ast.parse(source)
-    bodies = [ast.get_source_segment(source, n) or "" for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("main", "_main")]
+    bodies = [
+        ast.get_source_segment(source, n) or ""
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name in ("main", "_main")
+    ]
     return set(re.findall(r"\b(?:p|params)\.(\w+)", "\n".join(bodies))) & set(Params.model_fields)
 
 

@@ -26,7 +26,7 @@ def test_every_field_of_the_schema_is_written_in_params_yaml() -> None:
 
     def keys(model: object, prefix: str = "") -> set[str]:
         out = set()
-        for name, field in type(model).model_fields.items():
+        for name in type(model).model_fields:
             value = getattr(model, name)
             out.add(prefix + name)
             if hasattr(type(value), "model_fields"):
