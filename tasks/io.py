@@ -24,11 +24,43 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temps(final: Path) -> list[Path]:
+    """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings left by a killed writer (dead pid).
+
+    A writer killed with SIGKILL never reaches its cleanup; the next writer of the same output
+    removes what it left. Temps of a live process (a concurrent writer) are left alone.
+    """
+    final = Path(final)
+    prefix, removed = f".{final.name}.", []
+    for path in final.parent.iterdir() if final.parent.is_dir() else ():
+        if not path.name.startswith(prefix):
+            continue
+        kind, _, pid = path.name[len(prefix) :].partition("-")
+        if kind in ("tmp", "old") and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield an empty temporary directory that replaces `final` when the block succeeds."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -50,6 +82,7 @@ def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
     """Open a temporary file beside `final`; on success fsync it and rename it over `final`."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, mode) as handle:

@@ -1,29 +1,42 @@
-"""Stage preprocess: an ImageFolder (root/<class>/<image>) -> checksummed uint8 Arrow shards.
+"""Stage preprocess: data.source [+ data.test_source] -> paths.shards: Arrow shards, manifest, quarantine.
 
-Every file is fully decoded in worker processes; unreadable files are quarantined with a reason,
-non-image names are ignored, and seen == accepted + quarantined + ignored. Each image's split is a
-function of its bytes and the seed, so adding images never moves an existing one.
+Files are hashed, then fully decoded in worker processes; bad ones are quarantined with a reason, non-images ignored
+(seen == accepted + quarantined + ignored); a file's split is a function of its bytes and the seed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import multiprocessing
-import re
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image, UnidentifiedImageError
 from tqdm import tqdm
 
 from tasks.cli import StageError, stage_main
-from tasks.imaging import PreprocessSpec, is_image_name, load_array
-from tasks.io import atomic_dir, dumps_json, sha256_bytes
-from tasks.params import PreprocessParams, derive_seed
-from tasks.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, class_counts, write_shard
+from tasks.imaging import PreprocessSpec
+from tasks.io import atomic_dir, dumps_json
+from tasks.params import DataParams, PreprocessParams, derive_seed
+from tasks.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, ShardWriter, class_counts, schema_description
+from tasks.splits import Plan, plan, split_of
+from tasks.validation import (
+    SOURCE,
+    TEST_SOURCE,
+    Candidate,
+    CheckConfig,
+    Checked,
+    Hashed,
+    check_file,
+    class_folders,
+    discover,
+    hash_file,
+    worker_init,
+)
+from tasks.workpool import isolated_map
 
 log = logging.getLogger(__name__)
 
@@ -36,66 +49,49 @@ class PreprocessResult:
     out_dir: Path
 
 
-def discover(source: Path) -> tuple[tuple[str, ...], list[tuple[str, int]], list[dict[str, str]]]:
-    """List (relative path, label) of candidate images, and the files ignored by name."""
-    if not source.is_dir():
-        raise StageError(f"data.source {source}: not a directory (expected root/<class>/<image>)")
-    classes = tuple(sorted(p.name for p in source.iterdir() if p.is_dir() and not p.name.startswith(".")))
-    if len(classes) < 2:
-        raise StageError(f"data.source {source}: found {len(classes)} class folders, need at least 2")
-    candidates, ignored = [], []
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        rel = path.relative_to(source).as_posix()
-        parts = rel.split("/")
-        if len(parts) < 2 or parts[0] not in classes:
-            ignored.append({"path": rel, "reason": "outside_class_folder"})
-        elif any(part.startswith(".") for part in parts) or not is_image_name(path):
-            ignored.append({"path": rel, "reason": "hidden" if parts[-1].startswith(".") else "not_image_name"})
-        else:
-            candidates.append((rel, classes.index(parts[0])))
-    return classes, candidates, ignored
+def fixed_test_folder(data: DataParams, generated: Path) -> Path | None:
+    """data.test_source, or None while it is left at paths.generated (the 'no test folder' value)."""
+    return None if Path(data.test_source).resolve() == Path(generated).resolve() else Path(data.test_source)
 
 
-def split_of(file_sha256: str, seed: int, val_fraction: float, test_fraction: float) -> str:
-    """train/val/test from the file's bytes (via its hash) and the seed alone."""
-    u = derive_seed(seed, "split", file_sha256) / 2**63
-    if u < test_fraction:
-        return "test"
-    return "val" if u < test_fraction + val_fraction else "train"
+def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, ...]) -> None:
+    src, test = source.resolve(), test_source.resolve()
+    if src == test or src in test.parents or test in src.parents:
+        raise StageError(f"data.test_source {test_source} and data.source {source} overlap; use separate folders")
+    extra = sorted(set(class_folders(test_source, what="data.test_source")) - set(class_names))
+    if extra:
+        raise StageError(
+            f"data.test_source {test_source}: class folders {extra} are not classes of data.source {source} "
+            f"({list(class_names)})"
+        )
 
 
-_WORKER: dict[str, Any] = {}
+def _collect(
+    source: Path, test_source: Path | None
+) -> tuple[tuple[str, ...], list[Candidate], list[dict[str, str]], tuple[tuple[str, Path], ...]]:
+    class_names = class_folders(source, what="data.source")
+    if len(class_names) < 2:
+        raise StageError(f"data.source {source}: found {len(class_names)} class folders, need at least 2")
+    candidates, ignored = discover(source, role=SOURCE, class_names=class_names)
+    roots = [(SOURCE, source)]
+    if test_source is not None:
+        _check_test_folder(source, test_source, class_names)
+        more, more_ignored = discover(test_source, role=TEST_SOURCE, class_names=class_names)
+        candidates, ignored = candidates + more, ignored + more_ignored
+        roots.append((TEST_SOURCE, test_source))
+    return class_names, candidates, ignored, tuple(roots)
 
 
-def _init_worker(source: Path, spec: PreprocessSpec) -> None:
-    _WORKER.update(source=source, spec=spec)
+def _bar(items: Any, total: int, desc: str) -> Any:
+    return tqdm(items, total=total, desc=desc, unit="img", mininterval=1.0)
 
 
-def _detail(exc: BaseException) -> str:
-    """The error message without object addresses, so the quarantine report is byte-stable."""
-    return re.sub(r" ?<[^>]* at 0x[0-9a-f]+>", "", str(exc))
-
-
-def _process(item: tuple[str, int]) -> tuple[str, int, str, np.ndarray | None, str, str]:
-    rel, label = item
-    data = (_WORKER["source"] / rel).read_bytes()
-    digest = sha256_bytes(data)
-    if not data:
-        return rel, label, digest, None, "empty_file", "zero bytes"
-    try:
-        return rel, label, digest, load_array(data, _WORKER["spec"]), "", ""
-    except Image.DecompressionBombError as exc:
-        return rel, label, digest, None, "decompression_bomb", _detail(exc)
-    except UnidentifiedImageError as exc:
-        return rel, label, digest, None, "not_an_image", _detail(exc)
-    except (OSError, ValueError, SyntaxError) as exc:
-        reason = "truncated" if "truncated" in str(exc).lower() else "decode_error"
-        return rel, label, digest, None, reason, _detail(exc)
-
-
-def run(params: PreprocessParams, *, seed: int, source: Path, out_dir: Path) -> PreprocessResult:
+def run(
+    params: PreprocessParams, *, seed: int, source: Path, out_dir: Path, test_source: Path | None = None
+) -> PreprocessResult:
     source = Path(source)
-    class_names, candidates, ignored = discover(source)
+    test_source = Path(test_source) if test_source is not None else None
+    class_names, candidates, ignored, roots = _collect(source, test_source)
     spec = PreprocessSpec(
         image_size=params.image_size,
         interpolation=params.interpolation,
@@ -103,70 +99,165 @@ def run(params: PreprocessParams, *, seed: int, source: Path, out_dir: Path) -> 
         std=params.std,
         class_names=class_names,
     )
-    accepted: list[tuple[str, int, str, np.ndarray]] = []
-    quarantined: list[dict[str, str]] = []
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(params.workers, initializer=_init_worker, initargs=(source, spec)) as pool:
-        results = pool.imap(_process, candidates, chunksize=32)
-        for rel, label, digest, array, reason, detail in tqdm(
-            results, total=len(candidates), desc="preprocess", unit="img", mininterval=1.0
-        ):
-            if array is None:
-                quarantined.append({"path": rel, "reason": reason, "detail": detail})
-            else:
-                accepted.append((rel, label, digest, array))
-
+    # Pass 1: hash every file, so duplicates are known before anything is decoded or written.
+    # Threads suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes.
+    chunks = [candidates[start : start + 128] for start in range(0, len(candidates), 128)]
+    hashes: list[Hashed] = []
+    with ThreadPoolExecutor(params.workers) as threads, _bar(None, len(candidates), "hash") as bar:
+        for chunk in threads.map(lambda chunk: [hash_file(roots, item) for item in chunk], chunks):
+            hashes.extend(chunk)
+            bar.update(len(chunk))
+    todo = plan(candidates, hashes, class_names)
     split_seed = derive_seed(seed, "preprocess")
-    files, by_split = [], {name: [] for name in SPLITS}
-    for rel, label, digest, array in accepted:
-        split = split_of(digest, split_seed, params.val_fraction, params.test_fraction)
-        files.append({"path": rel, "label": label, "sha256": digest, "split": split})
-        by_split[split].append((array, label))
-
-    split_counts = {split: len(items) for split, items in by_split.items()}
-    if not by_split["train"] or not by_split["test"]:
-        raise StageError(f"data.source {source}: too few images to fill train and test splits ({split_counts})")
-    counts = {
-        "seen": len(candidates) + len(ignored),
-        "accepted": len(accepted),
-        "quarantined": len(quarantined),
-        "ignored": len(ignored),
-    }
-    manifest: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "image_size": params.image_size,
-        "class_names": list(class_names),
-        "spec": spec.model_dump(mode="json"),
-        "counts": counts,
-        "splits": {},
-        "files": files,
-    }
     with atomic_dir(out_dir) as tmp:
-        for split, items in by_split.items():
-            shards = []
-            for start in range(0, len(items), params.shard_size):
-                chunk = items[start : start + params.shard_size]
-                images = np.stack([array for array, _ in chunk])
-                labels = np.array([label for _, label in chunk])
-                shards.append(write_shard(tmp / f"{split}-{len(shards):05d}.arrow", images, labels))
-            manifest["splits"][split] = {
-                "count": len(items),
-                "class_counts": class_counts([label for _, label in items], len(class_names)),
-                "shards": shards,
-            }
+        writers = {
+            split: ShardWriter(tmp, split, image_size=params.image_size, shard_size=params.shard_size)
+            for split in SPLITS
+        }
+        files, quarantined = _decode_and_write(params, spec, roots, todo, writers, split_seed, test_source is not None)
+        shards = {split: writer.close() for split, writer in writers.items()}
+        quarantined.extend(todo.refused)
+        quarantined.sort(key=lambda q: (q["root"], q["path"]))
+        counts = {
+            "seen": len(candidates) + len(ignored),
+            "accepted": len(files),
+            "quarantined": len(quarantined),
+            "ignored": len(ignored),
+        }
+        if counts["seen"] != counts["accepted"] + counts["quarantined"] + counts["ignored"]:
+            raise RuntimeError(f"preprocess accounting does not balance: {counts}")  # a bug, never bad data
+        labels = {split: [f["label"] for f in files if f["split"] == split] for split in SPLITS}
+        split_counts = {split: len(labels[split]) for split in SPLITS}
+        _check_usable(source, test_source, class_names, files, split_counts, quarantined)
+        test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "image_size": params.image_size,
+            "schema": schema_description(params.image_size),
+            "class_names": list(class_names),
+            "spec": spec.model_dump(mode="json"),
+            "split_rule": {
+                "by": "sha256 of the file's bytes and the seed",
+                "seed": seed,
+                "val_fraction": params.val_fraction,
+                "test_fraction": 0.0 if test_source is not None else params.test_fraction,
+                "test": "data.test_source" if test_source is not None else "hash range",
+            },
+            "counts": counts,
+            "duplicate_groups": len(todo.duplicates),
+            "splits": {
+                split: {
+                    "count": split_counts[split],
+                    "class_counts": class_counts(labels[split], len(class_names)),
+                    "shards": shards[split],
+                }
+                for split in SPLITS
+            },
+            "test_set": {
+                "count": len(test_hashes),
+                "sha256": hashlib.sha256("\n".join(test_hashes).encode()).hexdigest(),
+                "files": test_hashes,
+            },
+            "files": files,
+        }
         (tmp / MANIFEST).write_text(dumps_json(manifest))
-        (tmp / QUARANTINE).write_text(dumps_json({"quarantined": quarantined, "ignored": ignored, "counts": counts}))
+        report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
+        (tmp / QUARANTINE).write_text(dumps_json(report))
 
-    for reason, count in sorted(Counter(q["reason"] for q in quarantined).items()):
-        log.info("quarantined %d files: %s", count, reason)
-    log.info("%s; splits %s; %d classes -> %s", counts, split_counts, len(class_names), out_dir)
+    _log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
     return PreprocessResult(counts, split_counts, class_names, Path(out_dir))
+
+
+def _decode_and_write(
+    params: PreprocessParams,
+    spec: PreprocessSpec,
+    roots: tuple[tuple[str, Path], ...],
+    todo: Plan,
+    writers: dict[str, ShardWriter],
+    split_seed: int,
+    fixed_test: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards."""
+    config = CheckConfig(roots, spec, params.max_pixels, params.min_side)
+    results = isolated_map(
+        partial(check_file, config), [item for item, _ in todo.decode], workers=params.workers,
+        crashed=lambda item, detail: Checked("", None, "worker_crash", detail), initializer=worker_init,
+    )  # fmt: skip
+    files: list[dict[str, Any]] = []
+    quarantined: list[dict[str, str]] = []
+    index: Counter[str] = Counter()
+    for (item, digest), checked in zip(todo.decode, _bar(results, len(todo.decode), "decode"), strict=True):
+        copies = todo.copies.get(digest, [])
+        name = f"{item.root}:{item.path}"
+        if checked.array is None:
+            quarantined.append({**item.where(), "reason": checked.reason, "detail": checked.detail})
+            quarantined.extend(
+                {**c.where(), "reason": checked.reason, "detail": f"same bytes as {name}: {checked.detail}"}
+                for c in copies
+            )
+            continue
+        if checked.digest != digest:
+            raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
+        if item.root == TEST_SOURCE:
+            split = "test"
+        else:
+            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed_test=fixed_test)
+        writers[split].add(checked.array, item.label)
+        files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split]})
+        index[split] += 1
+        quarantined.extend(
+            {**c.where(), "reason": "duplicate", "detail": f"same bytes as {name}, which is kept"} for c in copies
+        )
+    return files, quarantined
+
+
+def _check_usable(
+    source: Path,
+    test_source: Path | None,
+    class_names: tuple[str, ...],
+    files: list[dict[str, Any]],
+    split_counts: dict[str, int],
+    quarantined: list[dict[str, str]],
+) -> None:
+    empty = sorted(set(class_names) - {class_names[f["label"]] for f in files if f["root"] == SOURCE})
+    if empty:
+        refused = Counter(q["path"].split("/", 1)[0] for q in quarantined if q["root"] == SOURCE)
+        detail = ", ".join(f"{name} ({refused[name]} quarantined)" for name in empty)
+        raise StageError(f"data.source {source}: class folders with no usable image: {detail}")
+    if not split_counts["train"] or not split_counts["test"]:
+        where = f"data.test_source {test_source}" if test_source is not None and not split_counts["test"] else (
+            f"data.source {source}")  # fmt: skip
+        raise StageError(f"{where}: too few usable images to fill the train and test splits ({split_counts})")
+
+
+def _log_summary(
+    quarantined: list[dict[str, str]],
+    ignored: list[dict[str, str]],
+    todo: Plan,
+    counts: dict[str, int],
+    split_counts: dict[str, int],
+    class_names: tuple[str, ...],
+    out_dir: Path,
+) -> None:
+    for reason, count in sorted(Counter(q["reason"] for q in quarantined).items()):
+        log.info("quarantined %d file(s): %s", count, reason)
+    for reason, count in sorted(Counter(i["reason"] for i in ignored).items()):
+        log.info("ignored %d file(s): %s", count, reason)
+    if todo.duplicates:
+        log.info("%d group(s) of files with identical bytes (listed in %s)", len(todo.duplicates), QUARANTINE)
+    log.info("%s; splits %s; %d classes -> %s", counts, split_counts, len(class_names), out_dir)
 
 
 def main() -> None:
     stage_main(
         "preprocess",
-        lambda p: run(p.preprocess, seed=p.seed, source=p.data.source, out_dir=p.paths.shards),
+        lambda p: run(
+            p.preprocess,
+            seed=p.seed,
+            source=p.data.source,
+            out_dir=p.paths.shards,
+            test_source=fixed_test_folder(p.data, p.paths.generated),
+        ),
     )
 
 

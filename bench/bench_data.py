@@ -1,0 +1,163 @@
+"""Data-loading benchmark, side by side on the same images in one run; prints images/s and ratios.
+
+(a) torchvision ImageFolder + the usual transforms + DataLoader, vs (b) the Arrow shard dataset +
+the same augmentation, one epoch each over the same (train-split) files, on one core
+(torch.set_num_threads(1), num_workers=0); for the pipeline's default augmentation (reflect-pad
+crop + flip) and for random-resized-crop + flip. Then the preprocess stage's throughput with 1 and
+2 worker processes. Images: --images DIR, else data/generated if it is there, else --count images
+made by tasks.generate in a temporary directory.
+
+    .venv/bin/python -m bench.bench_data [--images DIR] [--count 3000] [--repeats 2] [--json out.json]
+
+Wall-clock numbers: on a shared machine they are noisy; compare the ratios, rerun on a quiet one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils.data import DataLoader, Subset
+from torchvision import transforms as T
+
+from tasks import generate, preprocess
+from tasks.augment import Augment
+from tasks.io import read_json
+from tasks.params import AugmentParams, GenerateParams, PreprocessParams
+from tasks.shards import ShardDataset
+
+BATCH = 64
+
+
+def find_images(args: argparse.Namespace, scratch: Path) -> Path:
+    if args.images:
+        return Path(args.images)
+    default = Path("data/generated")
+    if default.is_dir() and any(p.is_dir() for p in default.iterdir()):
+        return default
+    out = scratch / "images"
+    print(f"no images given and no data/generated: generating {args.count} with tasks.generate ...", flush=True)
+    generate.run(GenerateParams(images_per_class=max(1, args.count // 10), workers=2), seed=42, out_dir=out)
+    return out
+
+
+def best_rate(run_once: Callable[[], int], repeats: int) -> float:
+    """Images per second of the fastest of `repeats` runs (the least disturbed by other load)."""
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        count = run_once()
+        rates.append(count / (time.perf_counter() - start))
+    return max(rates)
+
+
+def epoch(loader: Iterable[tuple[torch.Tensor, torch.Tensor]], normalize: Callable | None = None) -> int:
+    count = 0
+    for images, labels in loader:
+        if normalize is not None:
+            images = normalize(images)
+        count += len(labels)
+    return count
+
+
+def imagefolder_baseline(images: Path, train_files: list[str], transform: T.Compose) -> DataLoader:
+    dataset = torchvision.datasets.ImageFolder(str(images), transform=transform)
+    index = {Path(path).relative_to(images).as_posix(): i for i, (path, _) in enumerate(dataset.samples)}
+    subset = Subset(dataset, [index[rel] for rel in train_files])  # exactly the shard dataset's images
+    return DataLoader(subset, batch_size=BATCH, shuffle=True, num_workers=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", help="an ImageFolder (default: data/generated, else generated here)")
+    parser.add_argument("--count", type=int, default=3000, help="images to generate when none are given")
+    parser.add_argument("--size", type=int, default=64, help="model input side (preprocess.image_size)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each measurement; the best is kept")
+    parser.add_argument("--json", help="also write the numbers to this file")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
+        scratch = Path(tmp)
+        images = find_images(args, scratch)
+        prep = PreprocessParams(image_size=args.size)
+        mean, std = prep.mean, prep.std
+
+        # Preprocessing throughput: the whole stage (hash, decode, write shards), 1 vs 2 workers.
+        prep_rates = {}
+        for workers in (1, 2):
+            params = prep.model_copy(update={"workers": workers})
+            out = scratch / f"shards-{workers}"
+
+            def run_stage(params: PreprocessParams = params, out: Path = out) -> int:
+                return preprocess.run(params, seed=42, source=images, out_dir=out).counts["seen"]
+
+            prep_rates[workers] = best_rate(run_stage, args.repeats)
+        shards = scratch / "shards-1"
+        train_files = [f["path"] for f in read_json(shards / "manifest.json")["files"] if f["split"] == "train"]
+
+        torch.set_num_threads(1)  # one core for both loaders
+        norm_mean = torch.tensor(mean).view(1, 3, 1, 1) * 255
+        norm_std = torch.tensor(std).view(1, 3, 1, 1) * 255
+
+        def normalize(batch: torch.Tensor) -> torch.Tensor:  # what the training step does to shard batches
+            return (batch.float() - norm_mean) / norm_std
+
+        pad = AugmentParams()
+        rrc = AugmentParams(crop="random_resized")
+        baselines = {
+            "pad crop + flip (default)": T.Compose([
+                T.Resize(args.size), T.CenterCrop(args.size),
+                T.RandomCrop(args.size, padding=pad.crop_padding, padding_mode="reflect"),
+                T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
+            ]),
+            "random resized crop + flip": T.Compose([
+                T.RandomResizedCrop(args.size, scale=rrc.scale, ratio=rrc.ratio),
+                T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
+            ]),
+        }  # fmt: skip
+        rows = []
+        for (name, transform), aug in zip(baselines.items(), (pad, rrc), strict=True):
+            folder = imagefolder_baseline(images, train_files, transform)
+            dataset = ShardDataset(shards, "train", augment=Augment(aug), seed=42)
+            loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=0)
+            a = best_rate(lambda folder=folder: epoch(folder), args.repeats)
+            b = best_rate(lambda loader=loader: epoch(loader, normalize), args.repeats)
+            rows.append((name, a, b))
+        plain = DataLoader(ShardDataset(shards, "train"), batch_size=BATCH, shuffle=True, num_workers=0)
+        raw = best_rate(lambda: epoch(plain, normalize), args.repeats)
+
+    load = os.getloadavg()
+    print(f"\nimages: {images} ({len(train_files)} train images used for loading, {args.size}px)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (noisy if > 0)")
+    print("\none epoch, one core (torch threads 1, num_workers 0), batch 64, images/s:")
+    print(f"  {'augmentation':30} {'ImageFolder':>12} {'shards':>12} {'ratio':>8}")
+    for name, a, b in rows:
+        print(f"  {name:30} {a:12.0f} {b:12.0f} {b / a:7.1f}x")
+    print(f"  {'shards, no augmentation':30} {'':12} {raw:12.0f}")
+    print("\npreprocess stage (hash + decode + write shards), images/s:")
+    print(f"  1 worker  {prep_rates[1]:8.0f}")
+    print(f"  2 workers {prep_rates[2]:8.0f}   ratio {prep_rates[2] / prep_rates[1]:.2f}x")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "loading_images_per_second": {name: {"imagefolder": a, "shards": b} for name, a, b in rows},
+                    "shards_no_augmentation": raw,
+                    "preprocess_images_per_second": {str(k): v for k, v in prep_rates.items()},
+                    "load_average": load,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""An ImageFolder on disk -> candidate images, ignored files, and per-file hash and decode results.
+
+`discover` walks a root (root/<class>/.../<file>) and sorts every file it finds into candidates
+(image names inside a class folder) and ignored files (hidden, not an image by name, outside a
+class folder, not a regular file). `hash_file` and `check_file` run in worker processes
+(tasks.workpool) and turn any bad data into a result with a reason code, never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from tasks.cli import StageError
+from tasks.imaging import ImageError, PreprocessSpec, is_image_name, load_array
+from tasks.io import sha256_bytes, sha256_file
+
+SOURCE, TEST_SOURCE = "source", "test_source"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An image-named file inside a class folder; `path` is "<class>/.../<file>" under its root."""
+
+    root: str  # SOURCE or TEST_SOURCE
+    path: str
+    label: int
+
+    def where(self) -> dict[str, str]:
+        return {"root": self.root, "path": self.path}
+
+
+@dataclass(frozen=True)
+class Hashed:
+    digest: str
+    size: int
+    error: str = ""  # why the file could not be read, if it could not
+
+
+@dataclass(frozen=True)
+class Checked:
+    digest: str
+    array: np.ndarray | None  # uint8 (3, S, S) when accepted
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CheckConfig:
+    roots: tuple[tuple[str, Path], ...]  # (root name, folder) pairs
+    spec: PreprocessSpec
+    max_pixels: int
+    min_side: int
+
+
+def class_folders(root: Path, *, what: str) -> tuple[str, ...]:
+    """The class names of an ImageFolder: its visible subfolders (symlinks followed), sorted."""
+    if not root.is_dir():
+        raise StageError(f"{what} {root}: not a directory (expected root/<class>/<image>)")
+    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+
+
+def _walk_files(root: Path) -> list[str]:
+    """Every file under root as a relative POSIX path; symlinked folders followed once (no cycles)."""
+    found, visited = [], set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in visited:
+            dirs[:] = []
+            continue
+        visited.add(real)
+        dirs.sort()
+        rel_folder = Path(folder).relative_to(root)
+        found.extend((rel_folder / name).as_posix() for name in files)
+    return sorted(found)
+
+
+def discover(root: Path, *, role: str, class_names: tuple[str, ...]) -> tuple[list[Candidate], list[dict[str, str]]]:
+    """Candidates (labelled by `class_names`) and ignored files of one root, in path order."""
+    candidates: list[Candidate] = []
+    ignored: list[dict[str, str]] = []
+    index = {name: i for i, name in enumerate(class_names)}
+    for rel in _walk_files(root):
+        parts = rel.split("/")
+        if any(part.startswith(".") for part in parts):
+            reason = "hidden"
+        elif len(parts) < 2:
+            reason = "outside_class_folder"
+        elif not os.path.isfile(root / rel):  # fifos, sockets, broken links: never opened
+            reason = "not_a_file"
+        elif not is_image_name(Path(rel)):
+            reason = "not_image_name"
+        else:
+            candidates.append(Candidate(role, rel, index[parts[0]]))
+            continue
+        ignored.append({"root": role, "path": rel, "reason": reason})
+    return candidates, ignored
+
+
+def worker_init() -> None:
+    # preprocess.max_pixels is checked per file from the header; Pillow's own process-wide limit
+    # is switched off in the worker processes only, so it never overrides the configured one.
+    Image.MAX_IMAGE_PIXELS = None
+
+
+def _read(roots: tuple[tuple[str, Path], ...], item: Candidate) -> bytes:
+    return (dict(roots)[item.root] / item.path).read_bytes()
+
+
+def hash_file(roots: tuple[tuple[str, Path], ...], item: Candidate) -> Hashed:
+    path = dict(roots)[item.root] / item.path
+    try:  # streamed: a huge non-image file with an image name costs no memory here
+        return Hashed(sha256_file(path), path.stat().st_size)
+    except OSError as exc:
+        return Hashed("", -1, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+
+def check_file(config: CheckConfig, item: Candidate) -> Checked:
+    """Read, hash and fully decode one file to the model's input; bad data gives a reason code."""
+    try:
+        data = _read(config.roots, item)
+    except OSError as exc:
+        return Checked("", None, "unreadable", f"{type(exc).__name__}: {exc.strerror or exc}")
+    digest = sha256_bytes(data)
+    try:
+        array = load_array(data, config.spec, max_pixels=config.max_pixels, min_side=config.min_side)
+    except ImageError as exc:
+        return Checked(digest, None, exc.reason, exc.detail)
+    return Checked(digest, array)
