@@ -21,6 +21,14 @@ def build_model(arch: str, num_classes: int) -> torch.nn.Module:
     return getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
 
 
+def head_name(model: torch.nn.Module) -> str:
+    """The classifier layer (the last Linear): what transfer learning replaces and a frozen backbone trains."""
+    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no Linear layer to use as the head")
+    return names[-1]
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The plain module inside DDP and torch.compile wrappers, so saved keys never carry prefixes."""
     model = getattr(model, "_orig_mod", model)
@@ -29,8 +37,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 def normalize(images: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
     """uint8 (N, 3, H, W) -> float32 normalised with the spec's mean and std."""
-    mean = torch.tensor(spec.mean, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
-    std = torch.tensor(spec.std, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+    mean = torch.tensor(spec.mean, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255.0
+    std = torch.tensor(spec.std, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255.0
     return (images.float() - mean) / std
 
 
@@ -59,10 +67,11 @@ def load_model_file(path: Path) -> tuple[torch.nn.Module, PreprocessSpec, dict[s
 def predict_logits(
     model: torch.nn.Module, images: np.ndarray, spec: PreprocessSpec, batch_size: int = 256
 ) -> np.ndarray:
-    """uint8 (N, 3, H, W) -> float32 logits (N, classes), fp32, model in eval mode."""
+    """uint8 (N, 3, H, W) -> float32 logits (N, classes), fp32, model in eval mode, on the model's device."""
     model.eval()
+    device = next(model.parameters()).device
     outputs = [
-        model(normalize(torch.from_numpy(images[start : start + batch_size].copy()), spec)).float()
+        model(normalize(torch.from_numpy(images[start : start + batch_size].copy()).to(device), spec)).float().cpu()
         for start in range(0, len(images), batch_size)
     ]
     return torch.cat(outputs).numpy() if outputs else np.zeros((0, len(spec.class_names)), np.float32)

@@ -1,35 +1,38 @@
-"""Stage train: train shards -> models/model.pt (weights + spec + provenance), per-epoch history and plot.
+"""Stage train: train shards -> models/model.pt (weights + spec + provenance), per-epoch history + plot,
+reports/train_run.json (what the run did); checkpoints and TensorBoard logs under paths.runs.
 
-Seeded end to end with deterministic algorithms: the same params and shards give the same weights.
-bf16 autocast on CPU; TensorBoard logs under paths.runs.
+Seeded end to end with deterministic algorithms: the same params and shards give the same weights,
+also when the run was killed and rerun (it resumes from its last checkpoint). The loop is in
+tasks/trainer.py; train.nproc_per_node > 1 reruns this module under torchrun.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import logging
-import math
 import os
-import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
+from tasks import distributed
 from tasks.augment import Augment
-from tasks.cli import stage_main
+from tasks.checkpoint import Checkpointer, RunIdentity, load_init_weights, run_identity
+from tasks.cli import StageError, stage_main
+from tasks.faults import Faults
 from tasks.imaging import PreprocessSpec
 from tasks.io import sha256_file, write_json
-from tasks.metrics import classification_metrics
-from tasks.models import build_model, normalize, predict_logits, save_model_file
+from tasks.loader import StepSampler, make_loader
+from tasks.models import build_model, save_model_file
+from tasks.monitor import Monitor
+from tasks.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.params import Params, TrainParams, derive_seed, section_hash
 from tasks.plots import plot_history
+from tasks.precision import Precision, resolve_precision
 from tasks.shards import MANIFEST, ShardDataset, ShardSplit, load_manifest
+from tasks.trainer import Progress, Trainer, seed_everything, validate
 
 log = logging.getLogger(__name__)
 
@@ -40,43 +43,16 @@ class TrainResult:
     val_accuracy: float
     epochs: int
     images_per_second: float
+    resumed_from_step: int  # 0: started fresh
+    run_dir: Path  # this run's checkpoints
 
 
-def seed_everything(seed: int, threads: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(threads or os.cpu_count() or 1)
-
-
-def autocast(precision: str) -> contextlib.AbstractContextManager:
-    """Precision as a value: bf16 autocast on CPU for 'auto' and 'bf16', nothing for 'fp32'."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16)
-
-
-def warmup_cosine(total_steps: int, warmup_steps: int) -> Any:
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
-
-
-def make_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.Optimizer:
-    if params.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=params.lr, weight_decay=params.weight_decay)
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=params.lr,
-        momentum=params.momentum,
-        nesterov=params.momentum > 0,
-        weight_decay=params.weight_decay,
-    )
+def state_sha256(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def run(
@@ -89,87 +65,168 @@ def run(
     plot_path: Path,
     runs_dir: Path,
     provenance: dict[str, str],
+    checkpoint_dir: Path | None = None,
+    run_meta_path: Path | None = None,
+) -> TrainResult:
+    world = distributed.world_from_env()
+    if not world.is_main:  # one voice: the other ranks report only warnings and errors
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        device = distributed.resolve_device(params.device, world)
+    except RuntimeError as exc:
+        raise StageError(str(exc)) from None
+    distributed.init(world, device)
+    try:
+        return _train(
+            params, seed=seed, shard_dir=shard_dir, model_path=model_path, history_path=history_path,
+            plot_path=plot_path, runs_dir=runs_dir, provenance=provenance, world=world, device=device,
+            checkpoint_dir=checkpoint_dir or runs_dir / "checkpoints",
+            run_meta_path=run_meta_path or history_path.with_name("train_run.json"),
+        )  # fmt: skip
+    finally:
+        distributed.shutdown()
+
+
+def _train(
+    params: TrainParams,
+    *,
+    seed: int,
+    shard_dir: Path,
+    model_path: Path,
+    history_path: Path,
+    plot_path: Path,
+    runs_dir: Path,
+    provenance: dict[str, str],
+    world: distributed.World,
+    device: torch.device,
+    checkpoint_dir: Path,
+    run_meta_path: Path,
 ) -> TrainResult:
     seed = derive_seed(seed, "train")
-    seed_everything(seed, params.threads)
-    manifest = load_manifest(shard_dir)
-    spec = PreprocessSpec.model_validate(manifest["spec"])
+    seed_everything(seed, params.threads or max(1, (os.cpu_count() or 1) // world.local_size), device)
+    faults = Faults.from_env()
+    spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
     train_set = ShardDataset(shard_dir, "train", augment=Augment(params.augment), seed=seed)
     val = ShardSplit.open(shard_dir, "val")
     val_images = val.all_images()
-    loader = torch.utils.data.DataLoader(
-        train_set,
-        batch_size=params.batch_size,
-        shuffle=True,
-        drop_last=len(train_set) > params.batch_size,
-        num_workers=params.num_workers,
-        generator=torch.Generator().manual_seed(derive_seed(seed, "loader")),
-    )
-    model = build_model(params.arch, len(spec.class_names))
-    optimizer = make_optimizer(model, params)
-    steps_per_epoch = len(loader)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        warmup_cosine(params.epochs * steps_per_epoch, round(params.warmup_epochs * steps_per_epoch)),
-    )
-    criterion = torch.nn.CrossEntropyLoss(label_smoothing=params.label_smoothing)
-    writer = SummaryWriter(str(runs_dir / "train"))
-    history: list[dict[str, float]] = []
-    step, seen, train_time = 0, 0, 0.0
-    for epoch in range(params.epochs):
-        train_set.set_epoch(epoch)
-        model.train()
-        loss_sum, correct, count, wait = 0.0, 0, 0, 0.0
-        start = tick = time.perf_counter()
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{params.epochs}", unit="batch", mininterval=2.0)
-        for images, labels in bar:
-            wait += time.perf_counter() - tick
-            with autocast(params.precision):
-                logits = model(normalize(images, spec))
-                loss = criterion(logits.float(), labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            loss_sum += loss.item() * len(labels)
-            correct += int((logits.argmax(1) == labels).sum())
-            count += len(labels)
-            writer.add_scalar("train/loss", loss.item(), step)
-            writer.add_scalar("train/lr", scheduler.get_last_lr()[0], step)
-            bar.set_postfix(loss=f"{loss_sum / count:.3f}", acc=f"{correct / count:.3f}", refresh=False)
-            tick = time.perf_counter()
-        elapsed = time.perf_counter() - start
-        train_time, seen = train_time + elapsed, seen + count
-        val_metrics = classification_metrics(predict_logits(model, val_images, spec), val.labels, spec.class_names)
-        row = {
-            "epoch": epoch + 1,
-            "train_loss": round(loss_sum / count, 6),
-            "train_accuracy": round(correct / count, 6),
-            "val_loss": val_metrics["loss"],
-            "val_accuracy": val_metrics["accuracy"],
-            "lr": round(scheduler.get_last_lr()[0], 8),
-        }
-        history.append(row)
-        for key, value in row.items():
-            if key != "epoch":
-                writer.add_scalar(f"epoch/{key}", value, epoch + 1)
-        writer.add_scalar("perf/images_per_second", count / elapsed, epoch + 1)
-        writer.add_scalar("perf/data_wait_fraction", wait / elapsed, epoch + 1)
-        log.info(
-            "epoch %d: train loss %.4f acc %.4f | val loss %.4f acc %.4f | %.0f img/s, data wait %.1f%%",
-            epoch + 1, row["train_loss"], row["train_accuracy"], row["val_loss"], row["val_accuracy"],
-            count / elapsed, 100 * wait / elapsed,
-        )  # fmt: skip
-    writer.close()
+    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
+    try:
+        sampler = StepSampler(len(train_set), params.batch_size, world, generator)
+    except ValueError as exc:
+        raise StageError(f"{shard_dir}: {exc}; lower train.batch_size") from None
+    loader = make_loader(train_set, sampler, num_workers=params.num_workers, pin_memory=device.type == "cuda",
+                         generator=generator)  # fmt: skip
 
-    save_model_file(model_path, model, arch=params.arch, spec=spec, provenance=provenance)
-    write_json(history_path, history)
-    plot_history(history, plot_path)
-    return TrainResult(model_path, history[-1]["val_accuracy"], params.epochs, seen / max(train_time, 1e-9))
+    model = build_model(params.arch, len(spec.class_names))
+    transfer = load_init_weights(model, params.init_from) if params.init_from else None
+    frozen = freeze_backbone(model) if params.freeze_backbone else []
+    if frozen and transfer is None:
+        log.warning("freeze_backbone without init_from: only the head of a randomly initialised backbone trains")
+    precision = resolve_precision(params.precision, device)
+    identity = run_identity(params, seed=seed, data_sha256=sha256_file(shard_dir / MANIFEST),
+                            init_sha256=transfer["sha256"] if transfer else None, device_type=device.type)  # fmt: skip
+    checkpointer = Checkpointer(checkpoint_dir / identity.name, identity, faults)
+    model.to(device)
+    ddp = None
+    if world.is_distributed:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    wrapped: torch.nn.Module = ddp if ddp is not None else model
+    if params.compile:
+        wrapped = torch.compile(wrapped)  # checkpoints hold the unwrapped module's keys: load either way
+    optimizer = build_optimizer(model, params)
+    schedule = Schedule(optimizer, params, sampler.steps_per_epoch)
+
+    payload = None
+    if params.resume:
+        payload = checkpointer.load()
+    elif world.is_main:
+        checkpointer.discard()
+    run_dir = runs_dir / "train" / identity.name
+    purge = payload["progress"]["step"] + 1 if payload else None  # TensorBoard drops the steps redone
+    monitor = Monitor(run_dir, enabled=world.is_main, histogram_every=params.histogram_every_steps, purge_step=purge)
+    trainer = Trainer(
+        model=wrapped, ddp=ddp, optimizer=optimizer, schedule=schedule, precision=precision, params=params,
+        spec=spec, device=device, world=world, monitor=monitor, faults=faults,
+    )  # fmt: skip
+    progress = Progress(accumulation=params.accumulation_steps)
+    if payload is not None:
+        progress = trainer.restore(payload, generator)
+        log.info("resuming from %s: step %d of %d (epoch %d, batch %d of %d)", checkpointer.last, progress.step,
+                 params.epochs * sampler.steps_per_epoch, progress.epoch + 1, progress.batch_in_epoch,
+                 sampler.steps_per_epoch)  # fmt: skip
+    resumed_from = progress.step
+    log.info("run %s: %s, %s on %s, %d process(es), global batch %d = %d x %d accumulation x %d",
+             identity.name, params.arch, precision.name, device, world.size, params.batch_size,
+             params.batch_size // (world.size * progress.accumulation), progress.accumulation, world.size)  # fmt: skip
+    try:
+        progress = trainer.fit(
+            loader=loader, sampler=sampler, dataset=train_set, generator=generator, progress=progress,
+            checkpointer=checkpointer,
+            validate=lambda m: validate(m, val_images, val.labels, spec, world),
+        )  # fmt: skip
+    finally:
+        profile = monitor.profile(num_workers=params.num_workers, device_type=device.type)
+        monitor.close()
+    in_sync = None
+    if world.is_distributed:
+        in_sync = len(set(distributed.all_gather_objects(state_sha256(trainer.raw)))) == 1
+        if not in_sync:
+            log.error("the ranks' weights differ at the end of training: DDP did not keep them in sync")
+    if world.is_main:
+        prov = {**provenance, **({"init_from_sha256": transfer["sha256"]} if transfer else {})}
+        save_model_file(model_path, trainer.raw, arch=params.arch, spec=spec, provenance=prov)
+        write_json(history_path, progress.history)
+        plot_history(progress.history, plot_path)
+        meta = run_metadata(params, identity, precision, world, sampler, progress, transfer, frozen, in_sync)
+        write_json(run_meta_path, meta)
+        if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
+            write_json(run_dir / "profile.json", {**profile, "resumed_from_step": resumed_from})
+    return TrainResult(model_path, progress.history[-1]["val_accuracy"], params.epochs,
+                       profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
+
+
+def run_metadata(
+    params: TrainParams,
+    identity: RunIdentity,
+    precision: Precision,
+    world: distributed.World,
+    sampler: StepSampler,
+    progress: Progress,
+    transfer: dict[str, Any] | None,
+    frozen: list[str],
+    in_sync: bool | None,
+) -> dict[str, Any]:
+    """What this run did, deterministically (no wall-clock): the same run gives the same bytes."""
+    return {
+        "run": identity.name,
+        "params_sha256": identity.params_sha256,
+        "data_sha256": identity.data_sha256,
+        "device": precision.device_type,
+        "precision": precision.name,
+        "processes": world.size,
+        "global_batch": params.batch_size,
+        "accumulation_steps": progress.accumulation,
+        "micro_batch": params.batch_size // (world.size * progress.accumulation),
+        "steps_per_epoch": sampler.steps_per_epoch,
+        "steps": progress.step,
+        "optimizer_updates": progress.updates,
+        "scaler_skipped_steps": progress.scaler_skipped,
+        "nonfinite_steps": progress.nonfinite,
+        "auto_batch": progress.auto_batch,
+        "init_from": transfer,
+        "frozen_parameters": len(frozen),
+        "best": {"metric": params.monitor, "value": progress.best, "epoch": progress.best_epoch},
+        "coverage": progress.coverage,
+        "ranks_in_sync": in_sync,
+    }
 
 
 def _main(p: Params) -> None:
+    if distributed.needs_launch(p.train.nproc_per_node):
+        status = distributed.launch(p.train.nproc_per_node, "tasks.train")
+        if status:
+            raise StageError(f"torchrun exited with status {status}; the ranks' messages are above")
+        return
     shard_dir = p.paths.shards
     result = run(
         p.train,
@@ -179,14 +236,16 @@ def _main(p: Params) -> None:
         history_path=p.paths.reports / "train_history.json",
         plot_path=p.paths.reports / "train_curves.png",
         runs_dir=p.paths.runs,
+        checkpoint_dir=p.paths.checkpoints,
+        run_meta_path=p.paths.reports / "train_run.json",
         provenance={
             "params_sha256": section_hash(p.train),
             "seed": str(p.seed),
             "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
         },
     )
-    log.info("model -> %s (val accuracy %.4f, %.0f img/s)", result.model_path, result.val_accuracy,
-             result.images_per_second)  # fmt: skip
+    log.info("model -> %s (val accuracy %.4f, %.0f img/s; checkpoints in %s)", result.model_path,
+             result.val_accuracy, result.images_per_second, result.run_dir)  # fmt: skip
 
 
 def main() -> None:

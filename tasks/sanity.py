@@ -1,0 +1,110 @@
+"""make sanity: the train recipe on one fixed training batch -> does the loss reach ~0? (runs/sanity.json)
+
+A model that cannot memorise one batch in a few hundred steps has a broken code or data path (labels,
+normalisation, loss, optimizer wiring), not bad hyperparameters. It goes through the same loader,
+model, precision and optimizer step as training, with augmentation and label smoothing off and a
+constant learning rate. Not a DVC stage: a check people run by hand (`make sanity`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from tasks.cli import StageError, stage_main
+from tasks.distributed import World, resolve_device
+from tasks.faults import Faults
+from tasks.imaging import PreprocessSpec
+from tasks.io import write_json
+from tasks.loader import StepSampler, make_loader
+from tasks.models import build_model
+from tasks.monitor import Monitor
+from tasks.optim import Schedule, build_optimizer
+from tasks.params import Params, SanityParams, TrainParams, derive_seed
+from tasks.precision import resolve_precision
+from tasks.shards import ShardDataset, load_manifest
+from tasks.trainer import NonFiniteError, Progress, Trainer, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SanityResult:
+    passed: bool
+    batch_size: int
+    first_loss: float
+    final_loss: float
+    reached_at_step: int | None  # first step whose loss fell below max_loss
+    steps: int
+    reason: str
+
+
+def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path, report_path: Path) -> SanityResult:
+    seed = derive_seed(seed, "sanity")
+    device = resolve_device(train.device, World())
+    seed_everything(seed, train.threads or os.cpu_count() or 1, device)
+    spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
+    dataset = ShardDataset(shard_dir, "train", augment=None, seed=seed)
+    batch = min(sanity.batch_size, len(dataset))
+    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
+    loader = make_loader(dataset, StepSampler(len(dataset), batch, World(), generator), num_workers=0,
+                         pin_memory=False, generator=generator)  # fmt: skip
+    images, labels, _ = next(iter(loader))
+    # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
+    recipe = train.model_copy(
+        update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
+                "nonfinite": "abort"}
+    )  # fmt: skip
+    model = build_model(recipe.arch, len(spec.class_names)).to(device)
+    optimizer = build_optimizer(model, recipe)
+    trainer = Trainer(
+        model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, recipe, 1),
+        precision=resolve_precision(recipe.precision, device), params=recipe, spec=spec, device=device,
+        world=World(), monitor=Monitor(Path(), enabled=False, histogram_every=0, purge_step=None), faults=Faults(),
+    )  # fmt: skip
+    model.train()
+    progress, losses, reached = Progress(), [], None
+    reason = f"loss still above {sanity.max_loss} after {sanity.steps} steps"
+    try:
+        for step in range(1, sanity.steps + 1):
+            out = trainer.step(images, labels, progress)
+            progress.step = step
+            losses.append(out.loss_sum / out.count)
+            if step % 50 == 0:
+                log.info("step %d: loss %.4f", step, losses[-1])
+            if losses[-1] < sanity.max_loss:
+                reached, reason = step, f"loss below {sanity.max_loss} at step {step}"
+                break
+    except NonFiniteError as exc:
+        reason = str(exc)
+        losses.append(float("nan"))
+    result = SanityResult(
+        reached is not None, batch, round(losses[0], 6), round(losses[-1], 6), reached, len(losses), reason
+    )
+    write_json(report_path, {**asdict(result), "max_loss": sanity.max_loss, "arch": recipe.arch,
+                             "precision": trainer.precision.name, "lr": sanity.lr})  # fmt: skip
+    return result
+
+
+def _main(p: Params) -> None:
+    result = run(p.train, p.sanity, seed=p.seed, shard_dir=p.paths.shards, report_path=p.paths.runs / "sanity.json")
+    if not result.passed:
+        raise StageError(
+            f"one batch of {result.batch_size} was not memorised: loss {result.first_loss:.4f} -> "
+            f"{result.final_loss:.4f} after {result.steps} steps ({result.reason}). "
+            "Suspect the code or data path (labels, normalisation, loss, frozen layers), not the hyperparameters."
+        )
+    log.info("passed: loss %.4f -> %.4f at step %d of %d; the model can learn from this data path",
+             result.first_loss, result.final_loss, result.reached_at_step, p.sanity.steps)  # fmt: skip
+
+
+def main() -> None:
+    stage_main("sanity", _main)
+
+
+if __name__ == "__main__":
+    main()
