@@ -1,40 +1,121 @@
-"""Stage check_regression: metrics.json vs baseline/metrics.json -> regression.json; exit 1 on regression."""
+"""Stage check_regression: exported ONNX (hash-verified) + test shards + baseline/ -> regression.json, .md.
+
+The model that ships is scored through the serving path (tasks.inference) on the fixed test split
+and compared with the promoted baseline under params.yaml's rules; exits 1 on any failed rule.
+With no baseline yet it passes and says so.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
-from tasks.cli import stage_main
-from tasks.io import read_json, write_json
+from tasks.cli import StageError, stage_main
+from tasks.inference import ModelIntegrityError, ModelMetadataError, OnnxModel, score_split
+from tasks.io import atomic_file, read_json, write_json
 from tasks.params import Params, RegressionParams
 from tasks.regression import Verdict, compare, format_table
 
 log = logging.getLogger(__name__)
 
-BASELINE_METRICS = "metrics.json"
+BASELINE_METRICS = "metrics.json"  # the promoted model's metrics (make promote)
+BASELINE_MODEL = "model.json"  # the promoted model's hashes
 
 
-def run(params: RegressionParams, *, metrics_path: Path, baseline_dir: Path, verdict_path: Path) -> Verdict:
+def recorded_onnx_sha256(export_report: Path) -> str:
+    """The hash the export stage recorded for the ONNX file it proved equal to PyTorch."""
+    if not export_report.is_file():
+        raise StageError(f"{export_report}: missing; run the export stage first (dvc repro export)")
+    digest = read_json(export_report).get("onnx_sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise StageError(f"{export_report}: no valid onnx_sha256 (got {digest!r})")
+    return digest
+
+
+def load_verified_model(onnx_path: Path, export_report: Path) -> OnnxModel:
+    """The ONNX model, refused before use when its bytes are not the ones export recorded."""
+    try:
+        return OnnxModel.load(onnx_path, expected_sha256=recorded_onnx_sha256(export_report))
+    except (ModelIntegrityError, ModelMetadataError, FileNotFoundError) as exc:
+        raise StageError(str(exc)) from None
+
+
+def load_baseline(baseline_dir: Path) -> dict[str, Any] | None:
+    """baseline/metrics.json, or None when nothing was promoted yet.
+
+    A baseline that DVC tracks (metrics.json.dvc) but whose file is absent is an error, not
+    "no baseline": a CI job that forgot `dvc pull` must not pass the gate by accident.
+    """
+    path = baseline_dir / BASELINE_METRICS
+    tracked = path.with_name(path.name + ".dvc")
+    if not path.is_file():
+        if tracked.is_file():
+            raise StageError(
+                f"{path}: the baseline is tracked by DVC ({tracked}) but missing; run `dvc pull {tracked}`"
+            )
+        return None
+    try:
+        baseline = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StageError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(baseline, dict):
+        raise StageError(f"{path}: expected a JSON object of metrics, got {type(baseline).__name__}")
+    return baseline
+
+
+def run(
+    params: RegressionParams,
+    *,
+    onnx_path: Path,
+    export_report: Path,
+    shard_dir: Path,
+    baseline_dir: Path,
+    verdict_path: Path,
+    table_path: Path,
+) -> Verdict:
+    model = load_verified_model(onnx_path, export_report)
+    try:
+        metrics = score_split(model, shard_dir, "test", params.batch_size)
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+    baseline = load_baseline(baseline_dir)
+    verdict = compare(metrics, baseline, params.rules)
     baseline_path = baseline_dir / BASELINE_METRICS
-    baseline = read_json(baseline_path) if baseline_path.is_file() else None
-    verdict = compare(read_json(metrics_path), baseline, params.rules)
-    write_json(verdict_path, {**verdict.to_json(), "baseline": str(baseline_path)})
-    log.info("%s vs %s\n%s", metrics_path, baseline_path, format_table(verdict))
+    write_json(
+        verdict_path,
+        {
+            **verdict.to_json(),
+            "baseline": str(baseline_path),
+            "model": {"path": str(onnx_path), "onnx_sha256": model.sha256},
+            "metrics": metrics,
+        },
+    )
+    table = format_table(verdict)
+    with atomic_file(table_path, "w") as handle:
+        handle.write(f"# Regression check\n\n`{onnx_path}` (sha256 `{model.sha256}`), scored on the test split, "
+                     f"vs `{baseline_path}`\n\n{format_table(verdict, markdown=True)}\n")  # fmt: skip
+    log.info("%s (accuracy %.4f on %d test images) vs %s\n%s", onnx_path, metrics["accuracy"],
+             metrics["num_samples"], baseline_path, table)  # fmt: skip
     return verdict
 
 
 def _main(p: Params) -> None:
     verdict = run(
         p.regression,
-        metrics_path=p.paths.reports / "metrics.json",
+        onnx_path=p.paths.onnx,
+        export_report=p.paths.reports / "export.json",
+        shard_dir=p.paths.shards,
         baseline_dir=p.paths.baseline,
         verdict_path=p.paths.reports / "regression.json",
+        table_path=p.paths.reports / "regression.md",
     )
     if not verdict.passed:
-        failed = ", ".join(r.metric for r in verdict.results if not r.passed)
-        print(f"[check_regression] REGRESSION: {failed} worse than the baseline", file=sys.stderr)
+        names = ", ".join(dict.fromkeys(r.metric for r in verdict.failures))
+        details = "\n".join(f"  {r.describe()}" for r in verdict.failures)
+        print(f"[check_regression] REGRESSION: {names} failed against {p.paths.baseline}\n{details}", file=sys.stderr)
         sys.exit(1)
 
 

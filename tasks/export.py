@@ -1,17 +1,27 @@
-"""Stage export: model.pt -> single-file ONNX (dynamic batch), proven equal to PyTorch on the test split.
+"""Stage export: model.pt + shards -> model.onnx (+ INT8 ONNX, TorchScript), each proven equal to PyTorch.
 
-The ONNX file carries the preprocessing spec and provenance in its metadata_props. It is written
-beside its final path and renamed into place only after onnx.checker and the parity gate pass.
+Every format is scored on the whole test split and gated by params.yaml (ONNX through
+tasks.inference, the serving path, with the spec read back from the file's own metadata). Files
+are built beside their final paths and moved into place only when every gate passes. Parity goes to
+export.json (byte-stable); latency goes to a timings file of its own.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import hashlib
+import io
 import json
 import logging
 import os
+import platform
 import warnings
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -20,14 +30,19 @@ import torch
 
 from tasks.cli import StageError, stage_main
 from tasks.imaging import PreprocessSpec
-from tasks.io import sha256_file, write_json
+from tasks.inference import OnnxModel, median_latency_ms
+from tasks.io import atomic_dir, sha256_file, write_json
 from tasks.models import load_model_file, normalize, predict_logits
-from tasks.params import ExportParams
-from tasks.shards import ShardSplit
+from tasks.params import ExportParams, Params, derive_seed, section_hash
+from tasks.parity import enforce, int8_checks, int8_report, parity, parity_checks
+from tasks.quantize import calibration_sample, quantize_int8
+from tasks.shards import MANIFEST, ShardSplit
 
 log = logging.getLogger(__name__)
 
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
+INT8_FILE, TORCHSCRIPT_FILE = "model.int8.onnx", "model.torchscript.pt"
+TORCHSCRIPT_METADATA = "metadata.json"  # an _extra_files entry: the same key/values as the ONNX metadata_props
 
 
 @dataclass(frozen=True)
@@ -35,12 +50,51 @@ class ExportResult:
     onnx_path: Path
     agreement: float
     max_abs_diff: float
+    report: dict[str, Any]
+    timings: dict[str, Any]
+
+
+def code_sha256(module: str = "tasks.export", root: Path | None = None) -> str:
+    """sha256 of `module`'s source and of every tasks.* module it imports, transitively: the code version.
+
+    These files are all code deps of the stage in dvc.yaml (the contract test checks it), so DVC
+    reruns export whenever this hash would change. `root`: the tasks/ folder.
+    """
+    root = root or Path(__file__).resolve().parent
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or not (root / f"{name.split('.', 1)[1]}.py").is_file():
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((root / f"{name.split('.', 1)[1]}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "tasks":
+                todo += [f"tasks.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasks."):
+                todo.append(node.module)
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names if alias.name.startswith("tasks.")]
+    lines = [f"{name} {sha256_file(root / (name.split('.', 1)[1] + '.py'))}" for name in sorted(seen)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, before, strict=True):
+            logger.setLevel(old)
 
 
 def export_onnx(model: torch.nn.Module, spec: PreprocessSpec, path: Path, opset: int) -> None:
     """torch.onnx (dynamo) export with a dynamic batch axis, saved as one file (no external data)."""
     example = torch.zeros(2, 3, spec.image_size, spec.image_size)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), quiet_loggers("onnx_ir", "onnxscript"):  # per-pass INFO chatter
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             model.eval(),
@@ -55,7 +109,8 @@ def export_onnx(model: torch.nn.Module, spec: PreprocessSpec, path: Path, opset:
     program.save(str(path), external_data=False)
 
 
-def add_metadata(path: Path, metadata: dict[str, str]) -> None:
+def write_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Replace the ONNX file's metadata_props with `metadata` (sorted, so the bytes are stable)."""
     proto = onnx.load(str(path))
     del proto.metadata_props[:]
     for key, value in sorted(metadata.items()):
@@ -63,76 +118,157 @@ def add_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(proto, str(path))
 
 
-def onnx_logits(path: Path, images: np.ndarray, spec: PreprocessSpec, batch_size: int) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count() or 1
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    outputs = [
-        session.run(
-            [OUTPUT_NAME], {INPUT_NAME: normalize(torch.from_numpy(images[i : i + batch_size].copy()), spec).numpy()}
-        )[0]
-        for i in range(0, len(images), batch_size)
-    ]
-    return np.concatenate(outputs)
+def export_torchscript(model: torch.nn.Module, spec: PreprocessSpec, path: Path, metadata: dict[str, str]) -> None:
+    """torch.jit.trace, saved as a byte-stable archive with `metadata` as an extra file."""
+    example = torch.zeros(2, 3, spec.image_size, spec.image_size)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit is deprecated in favour of torch.export, still supported
+        traced = torch.jit.trace(model.eval(), example)
+        torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(metadata, sort_keys=True)})
+    path.write_bytes(stable_archive(buffer.getvalue()))
 
 
-def run(params: ExportParams, *, model_path: Path, shard_dir: Path, onnx_path: Path, report_path: Path) -> ExportResult:
-    model, spec, payload = load_model_file(model_path)
-    tmp = onnx_path.with_name(f".{onnx_path.name}.tmp-{os.getpid()}")
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+def stable_archive(data: bytes) -> bytes:
+    """torch.jit.save's zip without what changes from run to run: the *.debug_pkl source locations
+    (they hold the caller's absolute path) and the random .data/serialization_id. Loading needs neither."""
+    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
+        for info in source.infolist():
+            if not info.filename.endswith((".debug_pkl", ".data/serialization_id")):
+                archive.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), source.read(info))
+    return out.getvalue()
+
+
+def load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, dict[str, str]]:
+    extra = {TORCHSCRIPT_METADATA: ""}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+    return module.eval(), json.loads(extra[TORCHSCRIPT_METADATA])
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or os.cpu_count() or 1)
     try:
-        export_onnx(model, spec, tmp, params.opset)
-        add_metadata(
-            tmp,
-            {
-                "preprocess_spec": spec.model_dump_json(),
-                "class_names": json.dumps(list(spec.class_names)),
-                "arch": payload["arch"],
-                "model_sha256": sha256_file(model_path),
-                **{f"provenance.{k}": v for k, v in payload["provenance"].items()},
-            },
-        )
-        onnx.checker.check_model(str(tmp), full_check=True)
-        test = ShardSplit.open(shard_dir, "test")
-        images = test.all_images()
-        reference = predict_logits(model, images, spec, params.batch_size)
-        exported = onnx_logits(tmp, images, spec, params.batch_size)
-        diff = np.abs(reference - exported)
-        report = {
-            "agreement": round(float((reference.argmax(1) == exported.argmax(1)).mean()), 6),
-            "max_abs_diff": float(f"{diff.max():.3e}"),
-            "mean_abs_diff": float(f"{diff.mean():.3e}"),
-            "num_samples": len(images),
-            "opset": params.opset,
-            "onnx_sha256": sha256_file(tmp),
-        }
-        log.info("ONNX vs PyTorch on %d test images: agreement %.4f, max |diff| %.2e, mean |diff| %.2e",
-                 len(images), report["agreement"], report["max_abs_diff"], report["mean_abs_diff"])  # fmt: skip
-        failures = []
-        if report["agreement"] < params.min_agreement:
-            failures.append(f"agreement {report['agreement']} < export.min_agreement {params.min_agreement}")
-        if report["max_abs_diff"] > params.max_abs_diff:
-            failures.append(f"max_abs_diff {report['max_abs_diff']} > export.max_abs_diff {params.max_abs_diff}")
-        if failures:
-            raise StageError("ONNX export does not match PyTorch: " + "; ".join(failures))
-        os.replace(tmp, onnx_path)
+        yield torch.get_num_threads()
     finally:
-        tmp.unlink(missing_ok=True)
+        torch.set_num_threads(before)
+
+
+def measure_timings(runtimes: dict[str, Any], images: np.ndarray, spec: PreprocessSpec, params: ExportParams,
+                    threads: int) -> dict[str, Any]:  # fmt: skip
+    """Latency (ms, median) of each runtime at each batch size, all measured side by side in this run."""
+    latency: dict[str, dict[str, float]] = {}
+    for batch in params.timing.batch_sizes:
+        x = normalize(torch.from_numpy(np.resize(images, (batch, *images.shape[1:]))), spec)
+        runners = {name: (lambda fn=fn, x=x: fn(x)) for name, fn in runtimes.items()}
+        with torch.inference_mode():
+            latency[f"batch_{batch}"] = median_latency_ms(runners, params.timing.repeats)
+    speedup = {b: {n: round(row["onnx_fp32"] / ms, 3) for n, ms in row.items()} for b, row in latency.items()}
+    return {
+        "note": "wall-clock, differs run to run; not a DVC output (see dvc.yaml)",
+        "latency_ms_median": latency,
+        "speedup_vs_onnx_fp32": speedup,
+        "threads": threads,
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2),  # other processes' load skews every number here
+        "repeats": params.timing.repeats,
+        "image_size": spec.image_size,
+        "versions": {"torch": torch.__version__, "onnxruntime": ort.__version__, "python": platform.python_version()},
+    }
+
+
+def run(
+    params: ExportParams,
+    *,
+    seed: int,
+    model_path: Path,
+    shard_dir: Path,
+    onnx_path: Path,
+    exports_dir: Path,
+    report_path: Path,
+    timings_path: Path,
+) -> ExportResult:
+    model, spec, payload = load_model_file(model_path)
+    test = ShardSplit.open(shard_dir, "test")
+    if tuple(test.class_names) != spec.class_names:
+        raise StageError(f"{model_path}: classes {spec.class_names} differ from {shard_dir}'s {test.class_names}")
+    metadata = {
+        "preprocess_spec": spec.model_dump_json(),
+        "class_names": json.dumps(list(spec.class_names)),
+        "arch": str(payload["arch"]),
+        "model_sha256": sha256_file(model_path),
+        "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
+        "export_params_sha256": section_hash(params),
+        "code_sha256": code_sha256(),
+        **{f"provenance.{k}": str(v) for k, v in payload.get("provenance", {}).items()},
+    }
+    images, labels = test.all_images(), test.labels
+    if len(images) == 0:
+        raise StageError(f"{shard_dir}: the test split is empty; nothing to prove the export against")
+    tmp_onnx = onnx_path.with_name(f".{onnx_path.name}.tmp-{os.getpid()}")
+    onnx_path.parent.mkdir(parents=True, exist_ok=True)
+    with torch_threads(params.threads) as threads, atomic_dir(exports_dir) as staging:
+        # torch and onnxruntime get the same thread count, so parity scoring and timings compare like for like
+        try:
+            export_onnx(model, spec, tmp_onnx, params.opset)
+            write_metadata(tmp_onnx, {**metadata, "format": "onnx"})
+            onnx.checker.check_model(str(tmp_onnx), full_check=True)
+            reference = predict_logits(model, images, spec, params.batch_size)
+            fp32 = OnnxModel.load(tmp_onnx, threads=threads)
+            fp32_logits = fp32.logits(images, params.batch_size)
+            report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images),
+                                      "opset": params.opset, "onnx_sha256": fp32.sha256}  # fmt: skip
+            checks = parity_checks("onnx", report, params)
+            runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
+            if "torchscript" in params.formats:
+                export_torchscript(model, spec, staging / TORCHSCRIPT_FILE, {**metadata, "format": "torchscript"})
+                scripted, _ = load_torchscript(staging / TORCHSCRIPT_FILE)
+                ts = parity(reference, predict_logits(scripted, images, spec, params.batch_size))
+                report["torchscript"] = {**ts, "sha256": sha256_file(staging / TORCHSCRIPT_FILE)}
+                checks += parity_checks("torchscript", ts, params)
+                runtimes["torchscript"] = scripted
+            if "onnx_int8" in params.formats:
+                sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
+                quantize_int8(tmp_onnx, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
+                              per_channel=params.int8.per_channel)  # fmt: skip
+                write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
+                int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
+                q = int8_report(fp32_logits, int8.logits(images, params.batch_size), labels)
+                report["onnx_int8"] = {**q, "calibration_images": len(sample), "sha256": int8.sha256}
+                checks += int8_checks(q, params)
+                runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
+            log.info("gates on %d test images:", len(images))
+            enforce(checks)
+            timings = measure_timings(runtimes, images, spec, params, threads)
+            os.replace(tmp_onnx, onnx_path)
+        finally:
+            tmp_onnx.unlink(missing_ok=True)
     write_json(report_path, report)
-    return ExportResult(onnx_path, report["agreement"], report["max_abs_diff"])
+    write_json(timings_path, timings)
+    for batch, row in timings["latency_ms_median"].items():
+        log.info("latency %s (ms, median): %s", batch, ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
+    return ExportResult(onnx_path, report["agreement"], report["max_abs_diff"], report, timings)
+
+
+def _main(p: Params) -> None:
+    run(
+        p.export,
+        seed=p.seed,
+        model_path=p.paths.model,
+        shard_dir=p.paths.shards,
+        onnx_path=p.paths.onnx,
+        exports_dir=p.paths.exports,
+        report_path=p.paths.reports / "export.json",
+        timings_path=p.paths.reports / "export_timings.json",
+    )
 
 
 def main() -> None:
-    stage_main(
-        "export",
-        lambda p: run(
-            p.export,
-            model_path=p.paths.model,
-            shard_dir=p.paths.shards,
-            onnx_path=p.paths.onnx,
-            report_path=p.paths.reports / "export.json",
-        ),
-    )
+    stage_main("export", _main)
 
 
 if __name__ == "__main__":

@@ -1,32 +1,111 @@
-"""`python -m tasks.promote` (make promote): this run's metrics and model hashes become the baseline.
+"""`python -m tasks.promote` (make promote): this run's exported model becomes the regression baseline.
 
-Only this explicit command moves the baseline; check_regression then compares every run with it.
+reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX ->
+baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx, each tracked
+by DVC (`dvc add`). Only this explicit command moves the baseline; commit baseline/ afterwards.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from tasks.check_regression import BASELINE_METRICS
-from tasks.io import sha256_file, write_json
-from tasks.params import load_params
+from tasks.check_regression import BASELINE_METRICS, BASELINE_MODEL, load_verified_model
+from tasks.cli import StageError
+from tasks.io import read_json, sha256_file, write_json
+from tasks.params import PARAMS_FILE, ParamsError, load_params
+from tasks.shards import MANIFEST
+
+BASELINE_ONNX = "model.onnx"
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    files: tuple[Path, ...]
+    onnx_sha256: str
+    accuracy: float
+    passed_gate: bool
+
+
+def run(
+    *,
+    onnx_path: Path,
+    model_path: Path,
+    export_report: Path,
+    verdict_path: Path,
+    shard_dir: Path,
+    baseline_dir: Path,
+    track_with_dvc: bool = True,
+) -> PromoteResult:
+    """Check that the metrics belong to this exact model, then write the baseline (and `dvc add` it)."""
+    model = load_verified_model(onnx_path, export_report)
+    if not verdict_path.is_file():
+        raise StageError(f"{verdict_path}: missing; run `dvc repro` so the model is scored before promoting it")
+    verdict = read_json(verdict_path)
+    scored = verdict.get("model", {}).get("onnx_sha256")
+    if scored != model.sha256:
+        raise StageError(
+            f"{verdict_path} scored a model with sha256 {scored}, but {onnx_path} is {model.sha256}; "
+            "run `dvc repro` first"
+        )
+    if sha256_file(model_path) != model.metadata.get("model_sha256"):
+        raise StageError(f"{model_path} is not the model {onnx_path} was exported from; run `dvc repro` first")
+    metrics = verdict["metrics"]
+    record = {
+        "onnx_sha256": model.sha256,
+        "model_sha256": model.metadata["model_sha256"],
+        "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
+        "test_set_sha256": metrics.get("test_set_sha256"),
+        "class_names": list(model.class_names),
+        **{k: v for k, v in sorted(model.metadata.items()) if k.endswith("sha256") or k.startswith("provenance.")},
+    }
+    baseline_dir.mkdir(parents=True, exist_ok=True)
+    files = (baseline_dir / BASELINE_METRICS, baseline_dir / BASELINE_MODEL, baseline_dir / BASELINE_ONNX)
+    staged = [path.with_name(f".{path.name}.tmp-{os.getpid()}") for path in files]
+    try:  # everything written beside the baseline first, then renamed in: never half a baseline
+        write_json(staged[0], metrics)
+        write_json(staged[1], record)
+        shutil.copyfile(onnx_path, staged[2])
+        if sha256_file(staged[2]) != model.sha256:
+            raise StageError(f"{onnx_path} changed while it was being copied to {files[2]}; promote again")
+        for tmp, final in zip(staged, files, strict=True):
+            os.replace(tmp, final)
+    finally:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+    if track_with_dvc:
+        proc = subprocess.run([sys.executable, "-m", "dvc", "add", *map(str, files)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise StageError(f"dvc add {' '.join(map(str, files))} failed:\n{proc.stdout}{proc.stderr}")
+    return PromoteResult(files, model.sha256, float(metrics["accuracy"]), bool(verdict.get("passed")))
 
 
 def main() -> None:
-    params = load_params()
-    metrics_path = params.paths.reports / "metrics.json"
-    baseline = params.paths.baseline
-    baseline.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(metrics_path, baseline / BASELINE_METRICS)
-    write_json(
-        baseline / "model.json",
-        {
-            "model_sha256": sha256_file(params.paths.model),
-            "onnx_sha256": sha256_file(params.paths.onnx),
-            "data_manifest_sha256": sha256_file(params.paths.shards / "manifest.json"),
-        },
+    try:
+        params = load_params(PARAMS_FILE)
+        paths = params.paths
+        result = run(
+            onnx_path=paths.onnx,
+            model_path=paths.model,
+            export_report=paths.reports / "export.json",
+            verdict_path=paths.reports / "regression.json",
+            shard_dir=paths.shards,
+            baseline_dir=paths.baseline,
+        )
+    except (ParamsError, StageError) as exc:
+        print(f"[promote] error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if not result.passed_gate:
+        print("[promote] note: this model failed the gate against the previous baseline; promoting accepts that")
+    print(
+        f"[promote] baseline <- {paths.onnx} (sha256 {result.onnx_sha256[:16]}..., test accuracy "
+        f"{result.accuracy:.4f}); tracked by DVC. To keep it:\n"
+        f"  git add {paths.baseline} && git commit -m 'promote baseline'   # and `dvc push` to share it"
     )
-    print(f"promoted {metrics_path} -> {baseline / BASELINE_METRICS}; commit {baseline}/ to keep it")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,43 @@
-"""The regression comparator: metrics vs a baseline under rules with direction and tolerance. Pure."""
+"""The regression comparator: metrics vs a baseline under rules with direction and tolerance. Pure.
+
+A rule names a dotted key (`per_class.cat.recall`); `*` stands for every key at its level in the
+baseline (`per_class.*.recall`: every class the baseline knows). `higher`/`lower` allow a worsening
+of max(abs_tol, rel_tol x |baseline|); `equal` demands the same value (strings such as a hash, or
+numbers within the tolerance). Anything missing or not finite fails: a gate never skips a rule.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.params import Rule
 
+Value = float | str
+
 
 @dataclass(frozen=True)
 class RuleResult:
+    rule: str  # the rule as written (may hold *); `metric` is the concrete key it was checked on
     metric: str
     direction: str
-    value: float | None
-    baseline: float | None
+    value: Value | None
+    baseline: Value | None
     delta: float | None
     allowed: float | None
     passed: bool
     reason: str
+
+    def describe(self) -> str:
+        """One line a person can act on: the metric, its value, the baseline and the delta."""
+        if self.delta is None:
+            return f"{self.metric}: {self.reason} (value {_cell(self.value)}, baseline {_cell(self.baseline)})"
+        return (
+            f"{self.metric}: {_cell(self.value)} vs baseline {_cell(self.baseline)} "
+            f"(delta {self.delta:+.4f}, {self.direction} is better, allowed {_cell(self.allowed)}): {self.reason}"
+        )
 
 
 @dataclass(frozen=True)
@@ -26,6 +45,10 @@ class Verdict:
     passed: bool
     has_baseline: bool
     results: tuple[RuleResult, ...]
+
+    @property
+    def failures(self) -> tuple[RuleResult, ...]:
+        return tuple(r for r in self.results if not r.passed)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -35,47 +58,107 @@ class Verdict:
         }
 
 
-def lookup(metrics: Mapping[str, Any], dotted: str) -> float | None:
-    """metrics['per_class']['cat']['recall'] for 'per_class.cat.recall'; None when absent."""
+def lookup(metrics: Mapping[str, Any], dotted: str) -> Value | None:
+    """metrics['per_class']['cat']['recall'] for 'per_class.cat.recall'; None when absent or not a leaf."""
     node: Any = metrics
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return None
         node = node[part]
-    return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else None
+    if isinstance(node, bool):
+        return None
+    if isinstance(node, int | float):
+        return float(node)
+    return node if isinstance(node, str) else None
 
 
-def check_rule(rule: Rule, metrics: Mapping[str, Any], baseline: Mapping[str, Any]) -> RuleResult:
-    value, base = lookup(metrics, rule.metric), lookup(baseline, rule.metric)
+def expand(pattern: str, reference: Mapping[str, Any]) -> list[str]:
+    """The concrete keys of `reference` that `pattern` matches (`*` = any one key), sorted."""
+    keys = [""]
+    for part in pattern.split("."):
+        grown = []
+        for prefix in keys:
+            node = _node(reference, prefix)
+            if not isinstance(node, Mapping):
+                continue
+            names = sorted(node) if part == "*" else [part] if part in node else []
+            grown += [f"{prefix}.{name}" if prefix else name for name in names]
+        keys = grown
+    return keys
+
+
+def _node(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split(".") if dotted else []:
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def check_rule(rule: Rule, metrics: Mapping[str, Any], baseline: Mapping[str, Any], metric: str = "") -> RuleResult:
+    """Check one rule on one concrete key (`metric`, default: the rule's own key)."""
+    metric = metric or rule.metric
+    value, base = lookup(metrics, metric), lookup(baseline, metric)
+
+    def result(delta: float | None, allowed: float | None, passed: bool, reason: str) -> RuleResult:
+        return RuleResult(rule.metric, metric, rule.direction, value, base, delta, allowed, passed, reason)
+
     if value is None or base is None:
         where = "this run's metrics" if value is None else "the baseline"
-        return RuleResult(rule.metric, rule.direction, value, base, None, None, False, f"missing from {where}")
-    allowed = max(rule.abs_tol, rule.rel_tol * abs(base))
+        return result(None, None, False, f"missing from {where}")
+    if isinstance(value, str) or isinstance(base, str):
+        if rule.direction != "equal":
+            return result(None, None, False, "not a number; only direction 'equal' compares text")
+        same = value == base
+        return result(None, None, same, "ok" if same else "differs from the baseline")
+    if not (math.isfinite(value) and math.isfinite(base)):
+        return result(None, None, False, "not a finite number")
+    allowed = round(max(rule.abs_tol, rule.rel_tol * abs(base)), 6)
     delta = value - base
-    worsening = -delta if rule.direction == "higher" else delta
+    worsening = {"higher": -delta, "lower": delta, "equal": abs(delta)}[rule.direction]
     passed = worsening <= allowed + 1e-12
     reason = "ok" if passed else f"worse by {worsening:.6g}, more than the {allowed:.6g} allowed"
-    return RuleResult(rule.metric, rule.direction, value, base, round(delta, 6), allowed, passed, reason)
+    if not passed and rule.direction == "equal":
+        reason = f"differs by {worsening:.6g}, more than the {allowed:.6g} allowed"
+    return result(round(delta, 6), allowed, passed, reason)
 
 
 def compare(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None, rules: Sequence[Rule]) -> Verdict:
     """Every rule checked; with no baseline at all the verdict passes and says so."""
     if baseline is None:
         return Verdict(passed=True, has_baseline=False, results=())
-    results = tuple(check_rule(rule, metrics, baseline) for rule in rules)
-    return Verdict(passed=all(r.passed for r in results), has_baseline=True, results=results)
+    results: list[RuleResult] = []
+    for rule in rules:
+        keys = expand(rule.metric, baseline) if "*" in rule.metric else [rule.metric]
+        if not keys:
+            results.append(RuleResult(rule.metric, rule.metric, rule.direction, None, None, None, None, False,
+                                      "matches nothing in the baseline"))  # fmt: skip
+        results += [check_rule(rule, metrics, baseline, key) for key in keys]
+    return Verdict(passed=all(r.passed for r in results), has_baseline=True, results=tuple(results))
 
 
-def format_table(verdict: Verdict) -> str:
+def _cell(x: Value | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x if len(x) <= 16 else x[:12] + "..."
+    return f"{x:.4f}"
+
+
+def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
+    """The verdict as an aligned text table (or a Markdown table), one row per checked key."""
     if not verdict.has_baseline:
         return "no baseline yet: nothing to compare against (promote one with `make promote`); passing"
-    fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-    rows = [("rule", "value", "baseline", "delta", "allowed", "result")]
+    rows = [("metric", "value", "baseline", "delta", "allowed", "result")]
     for r in verdict.results:
-        rows.append((f"{r.metric} ({r.direction} is better)", fmt(r.value), fmt(r.baseline), fmt(r.delta),
-                     fmt(r.allowed), "PASS" if r.passed else f"FAIL: {r.reason}"))  # fmt: skip
+        rows.append((f"{r.metric} ({r.direction})", _cell(r.value), _cell(r.baseline),
+                     "-" if r.delta is None else f"{r.delta:+.4f}", _cell(r.allowed),
+                     "PASS" if r.passed else f"FAIL: {r.reason}"))  # fmt: skip
+    outcome = "verdict: " + ("PASS" if verdict.passed else "REGRESSION")
+    if markdown:
+        lines = ["| " + " | ".join(row) + " |" for row in rows]
+        lines.insert(1, "|" + "---|" * len(rows[0]))
+        return "\n".join([*lines, "", f"**{outcome}**"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append("verdict: " + ("PASS" if verdict.passed else "REGRESSION"))
-    return "\n".join(lines)
+    return "\n".join([*lines, outcome])

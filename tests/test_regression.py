@@ -64,3 +64,79 @@ def test_one_failure_fails_the_verdict() -> None:
     verdict = compare({"accuracy": 0.5, "loss": 0.3}, BASE, rules)
     assert [r.passed for r in verdict.results] == [True, False]
     assert not verdict.passed and format_table(verdict).endswith("verdict: REGRESSION")
+
+
+PER_CLASS = {"accuracy": 0.9, "per_class": {"cat": {"recall": 0.9}, "dog": {"recall": 0.8}}}
+
+
+def test_wildcard_expands_over_every_class_of_the_baseline() -> None:
+    rule = Rule(metric="per_class.*.recall", abs_tol=0.05)
+    worse_dog = {"accuracy": 0.9, "per_class": {"cat": {"recall": 0.95}, "dog": {"recall": 0.7}}}
+    verdict = compare(worse_dog, PER_CLASS, [rule])
+    assert [(r.metric, r.passed) for r in verdict.results] == [
+        ("per_class.cat.recall", True),
+        ("per_class.dog.recall", False),
+    ]
+    assert all(r.rule == "per_class.*.recall" for r in verdict.results)
+    assert verdict.failures[0].delta == pytest.approx(-0.1)
+
+
+def test_wildcard_class_missing_from_the_run_fails() -> None:
+    run = {"accuracy": 0.9, "per_class": {"cat": {"recall": 0.9}}}
+    verdict = compare(run, PER_CLASS, [Rule(metric="per_class.*.recall", abs_tol=0.5)])
+    assert not verdict.passed
+    assert verdict.failures[0].metric == "per_class.dog.recall"
+    assert verdict.failures[0].reason == "missing from this run's metrics"
+
+
+def test_wildcard_matching_nothing_in_the_baseline_fails() -> None:
+    verdict = compare(PER_CLASS, {"accuracy": 0.9}, [Rule(metric="per_class.*.recall")])
+    assert not verdict.passed and verdict.results[0].reason == "matches nothing in the baseline"
+
+
+def test_equal_direction_compares_hashes() -> None:
+    rule = Rule(metric="test_set_sha256", direction="equal")
+    same = compare({"test_set_sha256": "ab" * 32}, {"test_set_sha256": "ab" * 32}, [rule])
+    other = compare({"test_set_sha256": "cd" * 32}, {"test_set_sha256": "ab" * 32}, [rule])
+    assert same.passed and not other.passed
+    assert other.results[0].reason == "differs from the baseline"
+    assert "test_set_sha256" in format_table(other) and "abababababab..." in format_table(other)
+
+
+def test_equal_direction_on_numbers_uses_the_tolerance_both_ways() -> None:
+    rule = Rule(metric="accuracy", direction="equal", abs_tol=0.01)
+    assert compare({"accuracy": 0.955}, BASE, [rule]).passed
+    assert compare({"accuracy": 0.945}, BASE, [rule]).passed
+    assert not compare({"accuracy": 0.97}, BASE, [rule]).passed
+
+
+def test_text_value_under_a_numeric_rule_fails() -> None:
+    verdict = compare({"accuracy": "high"}, BASE, [Rule(metric="accuracy")])
+    assert not verdict.passed and "not a number" in verdict.results[0].reason
+
+
+def test_nan_fails_even_with_a_huge_tolerance() -> None:
+    verdict = compare({"accuracy": float("nan")}, BASE, [Rule(metric="accuracy", abs_tol=10.0)])
+    assert not verdict.passed and verdict.results[0].reason == "not a finite number"
+
+
+def test_describe_names_metric_value_baseline_and_delta() -> None:
+    verdict = compare({**BASE, "accuracy": 0.80}, BASE, [Rule(metric="accuracy", abs_tol=0.02)])
+    line = verdict.failures[0].describe()
+    assert line.startswith("accuracy: 0.8000 vs baseline 0.9500 (delta -0.1500")
+    assert "allowed 0.0200" in line
+
+
+def test_markdown_table_has_a_row_per_checked_key() -> None:
+    verdict = compare(PER_CLASS, PER_CLASS, [Rule(metric="accuracy"), Rule(metric="per_class.*.recall")])
+    table = format_table(verdict, markdown=True)
+    assert table.count("| PASS |") == 3 and table.endswith("**verdict: PASS**")
+
+
+def test_verdict_json_round_trips() -> None:
+    from tasks.regression import RuleResult, Verdict
+
+    verdict = compare({**BASE, "accuracy": 0.5}, BASE, [Rule(metric="accuracy")])
+    data = verdict.to_json()
+    again = Verdict(data["passed"], data["has_baseline"], tuple(RuleResult(**r) for r in data["rules"]))
+    assert again == verdict

@@ -1,0 +1,81 @@
+"""The regression gate through real DVC: promote, make the model worse with a param, fail, restore, pass.
+
+A tiny ImageFolder of colour-coded classes (the model learns it in two short epochs), a copy of the
+project as a git + DVC repository, and `make promote`'s command.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import TINY, deep_update, dvc, make_imagefolder, make_project, sh, write_params
+
+# Three full runs of the tiny pipeline (about 1-3 minutes on 2 cores): make test-slow. The default
+# suite covers the same gate without DVC in tests/test_regression_gate.py.
+pytestmark = pytest.mark.slow
+
+
+def read(repo: Path, name: str) -> Any:
+    return json.loads((repo / "reports" / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("gate-pipeline")
+    source = make_imagefolder(root / "images", classes=3, per_class=30)
+    good = {"data": {"source": str(source)}, "train": {"epochs": 2}}
+    repo = make_project(root / "repo", good)
+    dvc("repro", cwd=repo)
+    return repo, good
+
+
+def test_a_worse_model_fails_at_check_regression_until_the_param_is_restored(repo: tuple[Path, dict]) -> None:
+    repo_dir, good = repo
+    assert not read(repo_dir, "regression.json")["has_baseline"]
+    promoted = sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+    assert "tracked by DVC" in promoted.stdout
+    for name in ("metrics.json", "model.json", "model.onnx"):
+        assert (repo_dir / "baseline" / f"{name}.dvc").is_file()
+    baseline_accuracy = json.loads((repo_dir / "baseline/metrics.json").read_text())["accuracy"]
+    assert baseline_accuracy > 0.9
+
+    dvc("repro", cwd=repo_dir)  # the baseline is a dependency: check_regression reruns and passes
+    assert read(repo_dir, "regression.json")["passed"] and read(repo_dir, "regression.json")["has_baseline"]
+
+    write_params(repo_dir, deep_update(TINY, deep_update(good, {"train": {"lr": 1e-5}})))
+    proc = dvc("repro", cwd=repo_dir, check=False)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "failed to reproduce 'check_regression'" in log
+    assert "REGRESSION: accuracy, macro_f1" in log
+    assert f"accuracy: {read(repo_dir, 'regression.json')['metrics']['accuracy']:.4f} vs baseline " in log
+    assert f"vs baseline {baseline_accuracy:.4f} (delta -" in log
+    accuracy = read(repo_dir, "regression.json")["rules"][0]
+    assert accuracy["metric"] == "accuracy" and not accuracy["passed"]
+    assert accuracy["baseline"] == baseline_accuracy and accuracy["delta"] < -0.2
+
+    write_params(repo_dir, deep_update(TINY, good))
+    dvc("repro", cwd=repo_dir)
+    assert read(repo_dir, "regression.json")["passed"]
+    assert "Data and pipelines are up to date" in dvc("status", cwd=repo_dir).stdout
+
+
+def test_a_changed_byte_in_the_onnx_file_is_caught_before_use(repo: tuple[Path, dict]) -> None:
+    repo_dir, _ = repo
+    path = repo_dir / "models/model.onnx"
+    original = path.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))
+    try:
+        proc = dvc("repro", "--single-item", "check_regression", cwd=repo_dir, check=False)
+        assert proc.returncode != 0
+        assert "models/model.onnx: sha256" in proc.stderr and "does not match the recorded" in proc.stderr
+        promoted = sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir, check=False)
+        assert promoted.returncode == 2 and "does not match the recorded" in promoted.stderr
+    finally:
+        path.write_bytes(original)
