@@ -2,70 +2,149 @@
 
 Stages run layer by layer in dvc.yaml's dependency order; the stages of one layer (evaluate and
 export) run at the same time. DVC skips what is unchanged and records every run in dvc.lock.
+Per run: artifacts (metrics, export parity, regression verdict, run manifest), reports/run_manifest.json,
+and `dvc push` when a DVC remote is configured.
 """
 
 from __future__ import annotations
 
-import collections
-import os
-import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Annotated
 
-from prefect import flow, get_run_logger, task
-from prefect.futures import wait
+from prefect import flow, get_run_logger, runtime, task
+from prefect.futures import PrefectFuture, wait
+from pydantic import Field
 
+from flows.artifacts import STAGE_REPORTS, publish_manifest, publish_report
 from flows.dag import layers, load_stages
+from flows.manifest import MANIFEST_NAME, build_manifest
+from flows.shell import output, stage_env, stream
+from tasks.io import write_json
+from tasks.params import PARAMS_FILE, Params, load_params
 
-LOG_TAIL_LINES = 40
+__all__ = ["StageFailed", "run_stage", "stage_env", "train_flow"]
+
+# DVC's own words for a stage it did not run (dvc/stage/__init__.py, dvc/stage/cache.py).
+OUTCOMES = {"didn't change, skipping": "unchanged", "is cached - skipping run": "restored from run cache"}
 
 
 class StageFailed(RuntimeError):
-    """A dvc stage exited non-zero; the message names it and carries the tail of its log."""
+    """A dvc command exited non-zero; the message names the stage and carries the tail of its log."""
 
 
-def stage_env() -> dict[str, str]:
-    """dvc.yaml's `python -m tasks.<stage>` must find this interpreter's environment first."""
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+def dvc_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dvc", *args]
 
 
 @task(name="dvc-stage", task_run_name="{stage}", cache_policy=None)
-def run_stage(stage: str, repo_dir: str) -> str:
-    """`dvc repro --single-item <stage>`, its output streamed into the Prefect log as it happens."""
+def run_stage(stage: str, repo_dir: str, report: str | None = None) -> str:
+    """`dvc repro --single-item <stage>`, its output streamed into the Prefect log as it happens.
+
+    Returns what DVC did: "ran", "unchanged" or "restored from run cache". The stage's JSON report
+    (`report`, relative to the repo) becomes an artifact, also when the stage failed after writing it
+    (check_regression writes its verdict, then exits 1).
+    """
     logger = get_run_logger()
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    command = [sys.executable, "-m", "dvc", "repro", "--single-item", stage]
-    with subprocess.Popen(
-        command, cwd=repo_dir, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace",
-    ) as proc:  # fmt: skip
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip().rsplit("\r", 1)[-1]
-            if line:
-                tail.append(line)
-                logger.info("%s", line)
-    if proc.returncode != 0:
-        log_tail = "\n".join(tail)
-        raise StageFailed(f"stage {stage!r} failed with exit code {proc.returncode}; last lines:\n{log_tail}")
-    return stage
+    repo = Path(repo_dir)
+    outcome = "ran"
+
+    def log(line: str) -> None:
+        nonlocal outcome
+        outcome = next((name for words, name in OUTCOMES.items() if words in line), outcome)
+        logger.info("%s", line)
+
+    started = time.time()
+    result = stream(dvc_command("repro", "--single-item", stage), cwd=repo, log=log)
+    report_path = repo / report if report else None
+    if report_path and report_path.is_file() and (result.returncode == 0 or report_path.stat().st_mtime >= started):
+        publish_report(stage, report_path)
+    if result.returncode != 0:
+        raise StageFailed(f"stage {stage!r} failed with exit code {result.returncode}; last lines:\n{result.tail}")
+    return outcome
+
+
+@task(name="dvc-push", cache_policy=None)
+def push_outputs(repo_dir: str, remote: str | None = None) -> str:
+    """`dvc push` to the named or default remote; with no remote configured, say so and push nothing."""
+    logger = get_run_logger()
+    repo = Path(repo_dir)
+    if not output(dvc_command("remote", "list"), cwd=repo):
+        logger.warning(
+            "no DVC remote configured: this run's outputs stay only in %s/.dvc/cache "
+            "(add one with `dvc remote add -d storage s3://bucket/path` or an ssh:// URL to keep them)",
+            repo,
+        )
+        return "no remote"
+    result = stream(dvc_command("push", *(["--remote", remote] if remote else [])), cwd=repo, log=logger.info)
+    if result.returncode != 0:
+        raise StageFailed(f"dvc push failed with exit code {result.returncode}; last lines:\n{result.tail}")
+    return f"pushed to {remote or 'the default remote'}"
+
+
+def record_run(repo: Path, params: Params, stages: dict[str, str], status: str) -> Path:
+    """reports/run_manifest.json + its artifact. Not a DVC output, so `dvc status` stays clean."""
+    flow_run = {
+        "flow_run_id": runtime.flow_run.id,
+        "flow_run_name": runtime.flow_run.name,
+        "deployment": runtime.deployment.name,
+    }
+    manifest = build_manifest(repo, params, flow_run=flow_run, stages=stages, status=status)
+    path = repo / params.paths.reports / MANIFEST_NAME
+    write_json(path, manifest)
+    publish_manifest(manifest, path.relative_to(repo))
+    return path
+
+
+def _outcome(future: PrefectFuture[str]) -> str:
+    state = future.state
+    return future.result() if state.is_completed() else state.name.lower()
 
 
 @flow(name="train-flow", log_prints=True)
-def train_flow(repo_dir: str = ".", train_retries: int = 1) -> list[str]:
-    """Run every stage of dvc.yaml in dependency order; independent stages run concurrently."""
-    repo = str(Path(repo_dir).resolve())
-    done: list[str] = []
-    for layer in layers(load_stages(Path(repo))):
-        futures = [
-            run_stage.with_options(retries=train_retries if name == "train" else 0).submit(name, repo) for name in layer
-        ]
-        wait(futures)
-        done.extend(future.result() for future in futures)  # raises the first failure
-    return done
+def train_flow(
+    repo_dir: str = ".",
+    train_retries: Annotated[int, Field(ge=0, le=10)] = 1,
+    retry_delay_seconds: Annotated[float, Field(ge=0)] = 10.0,
+    push: bool = True,
+    remote: str | None = None,
+) -> dict[str, str]:
+    """Run every stage of dvc.yaml in dependency order; independent stages run concurrently.
+
+    Operational knobs only (hyperparameters live in params.yaml): `train_retries` reruns a failed
+    train stage, which resumes from its checkpoint; `push`/`remote` choose where `dvc push` sends
+    the outputs at the end. Returns each stage's outcome.
+    """
+    logger = get_run_logger()
+    repo = Path(repo_dir).resolve()
+    params = load_params(repo / PARAMS_FILE)
+    stages = load_stages(repo)
+    outcomes = {name: "not run" for name in stages}
+    reports = {name: str(params.paths.reports / file) for name, file in STAGE_REPORTS.items()}
+    try:
+        for layer in layers(stages):
+            futures = {
+                name: run_stage.with_options(
+                    retries=train_retries if name == "train" else 0, retry_delay_seconds=retry_delay_seconds
+                ).submit(name, str(repo), reports.get(name))
+                for name in layer
+            }
+            wait(list(futures.values()))
+            outcomes.update({name: _outcome(future) for name, future in futures.items()})
+            for future in futures.values():
+                future.result()  # raises the first failure, naming its stage
+        if push:
+            outcomes["dvc push"] = push_outputs(str(repo), remote)
+    except BaseException:
+        try:
+            record_run(repo, params, outcomes, "failed")
+        except Exception:  # the stage failure is the error to report, not a manifest problem
+            logger.exception("could not write the run manifest")
+        raise
+    path = record_run(repo, params, outcomes, "completed")
+    logger.info("stages: %s; run manifest -> %s", outcomes, path)
+    return outcomes
 
 
 if __name__ == "__main__":

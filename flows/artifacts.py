@@ -1,0 +1,78 @@
+"""Prefect artifacts from the stages' reports: metrics table, export parity, regression verdict, run manifest.
+
+report file -> a table or Markdown artifact under a fixed key, so the UI's Artifacts page keeps each one's history.
+`flatten` and `verdict_markdown` are pure; `publish_*` need a running flow or task.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from tasks.regression import Verdict, format_table
+
+# The report each stage writes under paths.reports (named as in the stages' main(); tests/test_flow.py
+# checks that dvc.yaml declares each one as that stage's output).
+STAGE_REPORTS = {"evaluate": "metrics.json", "export": "export.json", "check_regression": "regression.md"}
+KEYS = {
+    "evaluate": "train-flow-metrics",
+    "export": "train-flow-export-parity",
+    "check_regression": "train-flow-regression-verdict",
+    "manifest": "train-flow-run-manifest",
+    "nightly": "regression-flow-verdict",
+}
+
+
+def flatten(obj: Any, prefix: str = "") -> list[dict[str, Any]]:
+    """Nested JSON as rows of dotted keys (`per_class.cat.recall`), the names regression rules use."""
+    if isinstance(obj, Mapping):
+        rows = []
+        for key in sorted(obj):
+            rows.extend(flatten(obj[key], f"{prefix}.{key}" if prefix else str(key)))
+        return rows
+    value = json.dumps(obj) if isinstance(obj, list | tuple) else obj
+    return [{"key": prefix, "value": value}]
+
+
+def verdict_markdown(verdict: Verdict, *, title: str, notes: list[str] | None = None) -> str:
+    status = "no baseline" if not verdict.has_baseline else ("PASS" if verdict.passed else "REGRESSION")
+    lines = [f"# {title}: {status}", "", *[f"- {note}" for note in notes or []], ""]
+    return "\n".join([*lines, format_table(verdict, markdown=True), ""])
+
+
+def publish_report(stage: str, report_path: Path) -> None:
+    """The artifact for one stage's report: metrics table, parity table, or the verdict's own Markdown."""
+    if stage == "check_regression":
+        description = "the exported model scored on the test split vs the promoted baseline"
+        create_markdown_artifact(report_path.read_text(), key=KEYS[stage], description=description)
+        return
+    what = {"evaluate": "test-set metrics", "export": "export parity with PyTorch, per format"}[stage]
+    create_table_artifact(
+        flatten(json.loads(report_path.read_text())), key=KEYS[stage], description=f"{what} ({report_path})"
+    )
+
+
+def publish_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
+    create_table_artifact(
+        flatten(manifest), key=KEYS["manifest"], description=f"what made this run's outputs (also in {manifest_path})"
+    )
+
+
+def publish_nightly(verdict: Verdict, notes: list[str]) -> None:
+    create_markdown_artifact(
+        verdict_markdown(verdict, title="Production model vs baseline", notes=notes),
+        key=KEYS["nightly"],
+        description="regression-flow: the production model scored on the fixed test set",
+    )
+
+
+def publish_integrity_failure(error: Exception) -> None:
+    create_markdown_artifact(
+        f"## Production model vs baseline: INTEGRITY FAILURE\n\n```\n{error}\n```\n",
+        key=KEYS["nightly"],
+        description="regression-flow: the model file is not the one whose hash was recorded",
+    )

@@ -1,0 +1,113 @@
+"""regression-flow (deployment `nightly`): the production ONNX model, re-scored on the fixed test set.
+
+production model (the promoted baseline's ONNX, or paths.onnx at a git revision) + test shards
+-> metrics -> compared with baseline/metrics.json under params.yaml's regression rules -> a verdict
+artifact; the run fails when the model file's hash differs from the recorded one or when it regressed.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dvc.api
+from prefect import flow, get_run_logger, task
+
+from flows.artifacts import publish_integrity_failure, publish_nightly
+from tasks.check_regression import BASELINE_METRICS, BASELINE_MODEL, load_baseline
+from tasks.inference import ModelIntegrityError, OnnxModel, score_split
+from tasks.io import read_json
+from tasks.params import PARAMS_FILE, Params, load_params
+from tasks.promote import BASELINE_ONNX
+from tasks.regression import compare, format_table
+
+EXPORT_REPORT = "export.json"  # written by the export stage: onnx_sha256 of the file it proved equal
+
+
+class RegressionFound(RuntimeError):
+    """The production model scores worse than the baseline beyond a rule's tolerance."""
+
+
+@dataclass(frozen=True)
+class ProductionModel:
+    path: Path
+    expected_sha256: str
+    source: str  # where the file and its expected hash come from, for the verdict
+
+
+def _promoted_model(repo: Path, params: Params) -> ProductionModel:
+    """baseline/model.onnx, with the hash `make promote` recorded for it in baseline/model.json."""
+    baseline = params.paths.baseline
+    record, path = baseline / BASELINE_MODEL, baseline / BASELINE_ONNX
+    for needed in (record, path):
+        if not (repo / needed).is_file():
+            hint = f"`dvc pull {needed}.dvc`" if (repo / f"{needed}.dvc").is_file() else "promote one (make promote)"
+            raise FileNotFoundError(f"{repo / needed}: no promoted model here; {hint}")
+    expected = read_json(repo / record)["onnx_sha256"]
+    return ProductionModel(repo / path, expected, f"{path}, hash recorded in {record}")
+
+
+def _model_at_revision(repo: Path, params: Params, revision: str, scratch: Path) -> ProductionModel:
+    """paths.onnx as of a git revision (from the DVC cache), with the hash its export stage recorded."""
+    report = params.paths.reports / EXPORT_REPORT
+    try:
+        expected = json.loads(dvc.api.read(str(report), repo=str(repo), rev=revision))["onnx_sha256"]
+        data = dvc.api.read(str(params.paths.onnx), repo=str(repo), rev=revision, mode="rb")
+    except Exception as exc:  # dvc raises several types for a bad revision or a missing file
+        raise FileNotFoundError(f"revision {revision!r}: cannot read {params.paths.onnx} or {report}: {exc}") from exc
+    path = scratch / params.paths.onnx.name
+    path.write_bytes(data)
+    return ProductionModel(path, expected, f"{params.paths.onnx} at {revision}, hash recorded in {report}")
+
+
+@task(name="score-production-model", cache_policy=None)
+def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str, Any]:
+    """The file's hash is checked before onnxruntime reads it; then the fixed test split is scored."""
+    loaded = OnnxModel.load(model.path, expected_sha256=model.expected_sha256)
+    return score_split(loaded, shard_dir, "test", batch_size)
+
+
+@flow(name="regression-flow", log_prints=True)
+def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[str, Any]:
+    """Score the production model on the fixed test set and compare it with the promoted baseline.
+
+    `revision` (a git commit, branch or tag) scores paths.onnx as of that revision instead of the
+    promoted model; its expected hash is then the one its export stage recorded.
+    """
+    logger = get_run_logger()
+    repo = Path(repo_dir).resolve()
+    params = load_params(repo / PARAMS_FILE)
+    baseline = load_baseline(repo / params.paths.baseline)
+    if baseline is None:
+        raise FileNotFoundError(f"{repo / params.paths.baseline / BASELINE_METRICS}: no baseline; make promote first")
+    with tempfile.TemporaryDirectory(prefix="regression-flow-") as scratch:
+        model = (
+            _promoted_model(repo, params)
+            if revision is None
+            else _model_at_revision(repo, params, revision, Path(scratch))
+        )
+        logger.info("production model: %s", model.source)
+        try:
+            metrics = score(model, repo / params.paths.shards, params.regression.batch_size)
+        except ModelIntegrityError as exc:
+            publish_integrity_failure(exc)
+            raise
+    verdict = compare(metrics, baseline, params.regression.rules)
+    notes = [
+        f"model: {model.source}; sha256 `{model.expected_sha256}` verified before use",
+        f"test set: {metrics['num_samples']} images, sha256 `{metrics.get('test_set_sha256')}`",
+        f"baseline: {params.paths.baseline / BASELINE_METRICS}",
+    ]
+    publish_nightly(verdict, notes)
+    table = format_table(verdict)
+    logger.info("%s", table)
+    if not verdict.passed:
+        raise RegressionFound(f"the production model regressed against {params.paths.baseline}:\n{table}")
+    return {"passed": verdict.passed, "metrics": metrics}
+
+
+if __name__ == "__main__":
+    regression_flow()
