@@ -12,7 +12,8 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-slow promote lint tensorboard clean
+.PHONY: setup run test test-slow promote lint tensorboard clean sanity
+.PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,7 +37,8 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -m slow
 
-# Make this run's metrics the baseline that check_regression compares against.
+# Make this run's exported model (hash-verified) and its test metrics the baseline that
+# check_regression compares against; baseline/ files are `dvc add`ed: commit baseline/ afterwards.
 promote: setup
 	$(BIN)/python -m tasks.promote
 
@@ -44,8 +46,35 @@ lint: setup
 	$(BIN)/ruff check tasks flows tests
 	$(BIN)/ruff format --check tasks flows tests
 
+# Overfit one training batch with the train recipe: a loss that won't reach ~0 means a broken code or
+# data path, not bad hyperparameters (params: sanity.*; needs the shards: dvc repro preprocess).
+sanity: setup
+	$(BIN)/python -m tasks.sanity
+
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1
+
+# Prefect, in order: server (127.0.0.1:4200, SQLite in .prefect/), work pool, deployments from
+# prefect.yaml + the crash automation, worker. Settings: scripts/prefect-env.sh. README: "Prefect".
+prefect-server: setup
+	scripts/prefect.sh server
+
+prefect-pool: setup
+	scripts/prefect.sh pool
+
+prefect-deploy: setup
+	scripts/prefect.sh deploy
+
+prefect-worker: setup
+	scripts/prefect.sh worker
+
+prefect-up: prefect-server prefect-pool prefect-deploy prefect-worker
+
+prefect-stop:
+	scripts/prefect.sh stop
+
+prefect-status:
+	scripts/prefect.sh status
 
 clean:
 	rm -rf runs .pytest_cache

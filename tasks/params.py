@@ -35,8 +35,14 @@ class Paths(Section):
     shards: Path = Field(Path("data/shards"), description="Arrow shards + manifest.json")
     model: Path = Field(Path("models/model.pt"), description="trained weights + preprocessing spec")
     onnx: Path = Field(Path("models/model.onnx"), description="exported single-file ONNX model")
+    exports: Path = Field(
+        Path("models/exports"), description="the other formats export.formats asks for (INT8 ONNX, TorchScript)"
+    )
     reports: Path = Field(Path("reports"), description="metrics JSON and plot PNGs")
     runs: Path = Field(Path("runs"), description="TensorBoard logs (not versioned)")
+    checkpoints: Path = Field(
+        Path("runs/checkpoints"), description="training checkpoints, a folder per run (not versioned, kept by repro)"
+    )
     baseline: Path = Field(Path("baseline"), description="promoted baseline metrics (make promote)")
 
 
@@ -44,6 +50,11 @@ class DataParams(Section):
     source: Path = Field(
         Path("data/generated"),
         description="an ImageFolder (root/<class>/<image>); the default is made by the generate stage",
+    )
+    test_source: Path = Field(
+        Path("data/generated"),
+        description="a fixed test ImageFolder, all of it the test split; equal to paths.generated means none "
+        "(DVC cannot track a null path, and paths.generated always exists)",
     )
 
 
@@ -71,7 +82,13 @@ class PreprocessParams(Section):
     val_fraction: Fraction = 0.1
     test_fraction: Fraction = 0.1
     shard_size: int = Field(4096, ge=1, description="images per shard file")
-    workers: int = Field(2, ge=1)
+    workers: int = Field(2, ge=1, description="decoder processes")
+    min_side: int = Field(16, ge=1, description="images with a shorter side below this are quarantined (too_small)")
+    max_pixels: int = Field(
+        89_478_485,
+        ge=1,
+        description="images whose header declares more pixels are quarantined before decoding (decompression_bomb)",
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> PreprocessParams:
@@ -83,40 +100,128 @@ class PreprocessParams(Section):
 
 
 class AugmentParams(Section):
-    hflip: bool = True
-    crop_padding: int = Field(4, ge=0, description="pad-and-random-crop, in pixels")
+    hflip: bool = Field(True, description="flip horizontally with probability 0.5")
+    crop: Literal["pad", "random_resized", "none"] = Field(
+        "pad", description="pad: reflect-pad then crop at a random offset; random_resized: random area and ratio"
+    )
+    crop_padding: int = Field(4, ge=0, description="crop: pad - padding in pixels")
+    scale: tuple[float, float] = Field(
+        (0.25, 1.0), description="crop: random_resized - the crop's area as a fraction of the image, min and max"
+    )
+    ratio: tuple[float, float] = Field(
+        (0.75, 1.3333333), description="crop: random_resized - the crop's aspect ratio (width / height), min and max"
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AugmentParams:
+        if not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {list(self.scale)}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {list(self.ratio)}")
+        return self
 
 
 class TrainParams(Section):
+    """The train stage. batch_size is the global batch of one optimizer step, whatever the number of
+    processes and accumulation steps: per-process micro-batch = batch_size / (processes x accumulation)."""
+
     arch: Literal["resnet18", "resnet34", "resnet50", "mobilenet_v3_small"] = "resnet18"
     epochs: int = Field(6, ge=1)
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="global batch per optimizer step")
+    accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step and process")
     optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(0.1, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
+    lr: float = Field(0.1, gt=0, description="learning rate of the head; the backbone's is lr x backbone_lr_scale")
+    backbone_lr_scale: float = Field(1.0, gt=0, description="backbone lr relative to the head's (fine-tuning: < 1)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (Nesterov when > 0)")
     weight_decay: float = Field(5e-4, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
-    warmup_epochs: float = Field(0.5, ge=0, description="linear warmup before the cosine decay")
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    clip_grad_norm: float = Field(0.0, ge=0, description="max global norm of the unscaled gradients; 0 = off")
+    scheduler: Literal["cosine", "step", "plateau"] = Field("cosine", description="lr schedule after the warmup")
+    warmup_epochs: float = Field(0.5, ge=0, description="linear warmup before the schedule")
+    step_epochs: float = Field(2.0, gt=0, description="step: lr x gamma every step_epochs")
+    gamma: float = Field(0.1, gt=0, lt=1, description="lr factor of the step and plateau schedulers")
+    plateau_patience: int = Field(1, ge=0, description="plateau: epochs without improvement before lowering lr")
+    monitor: Literal["val_accuracy", "val_loss"] = Field(
+        "val_accuracy", description="validation metric that picks best.pt and drives the plateau scheduler"
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on CPU, bf16 (or fp16 + GradScaler where bf16 is missing) on CUDA"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
+    compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")
+    init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
+    freeze_backbone: bool = Field(False, description="train the head only; frozen BatchNorm stays in eval mode")
+    nproc_per_node: int = Field(1, ge=1, description="> 1: DDP processes under torchrun --standalone")
+    auto_batch: bool = Field(False, description="on CUDA OOM: halve the micro-batch, double accumulation")
+    nonfinite: Literal["skip", "abort"] = Field("skip", description="a step with a NaN/Inf loss or gradient")
+    max_nonfinite: int = Field(10, ge=0, description="skip: stop the run after more than this many such steps")
+    checkpoint_every_steps: int = Field(250, ge=0, description="also checkpoint every N steps; 0 = epoch ends only")
+    resume: bool = Field(True, description="continue from this run's last checkpoint; false = start fresh")
+    histogram_every_steps: int = Field(250, ge=0, description="TensorBoard weight/gradient histograms; 0 = off")
     num_workers: int = Field(0, ge=0)
-    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores")
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores (shared between processes)")
     augment: AugmentParams = AugmentParams()
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> TrainParams:
+        parts = self.nproc_per_node * self.accumulation_steps
+        if self.batch_size % parts:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by nproc_per_node ({self.nproc_per_node}) "
+                f"x accumulation_steps ({self.accumulation_steps})"
+            )
+        return self
+
+
+class SanityParams(Section):
+    """make sanity: the train recipe on one fixed batch; a loss that won't reach ~0 means broken code or data."""
+
+    steps: int = Field(300, ge=1, description="optimizer steps on the one batch")
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(0.01, gt=0, description="constant learning rate (no warmup, no decay)")
+    max_loss: float = Field(0.05, gt=0, description="the loss must fall below this for the check to pass")
 
 
 class EvaluateParams(Section):
     batch_size: int = Field(256, ge=1)
 
 
+class Int8Params(Section):
+    calibration_images: int = Field(256, ge=1, description="seeded sample of training images that sets INT8 ranges")
+    per_channel: bool = Field(False, description="per-channel weight scales instead of one per tensor")
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="test accuracy INT8 may lose vs fp32 ONNX")
+    min_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement INT8 vs fp32 ONNX")
+
+
+class TimingParams(Section):
+    batch_sizes: tuple[Annotated[int, Field(ge=1)], ...] = Field((1, 32), min_length=1)
+    repeats: int = Field(20, ge=1, description="timed calls per runtime and batch size; the median is kept")
+
+
 class ExportParams(Section):
+    formats: tuple[Literal["onnx", "onnx_int8", "torchscript"], ...] = Field(
+        ("onnx", "onnx_int8", "torchscript"), description="onnx is required: it is the served model"
+    )
     opset: int = Field(18, ge=13)
-    min_agreement: float = Field(1.0, ge=0, le=1, description="top-1 agreement ONNX vs PyTorch")
+    min_agreement: float = Field(1.0, ge=0, le=1, description="top-1 agreement ONNX/TorchScript vs PyTorch")
     max_abs_diff: float = Field(1e-3, gt=0, description="largest |logit difference| allowed")
     batch_size: int = Field(256, ge=1)
+    threads: int = Field(1, ge=0, description="torch and onnxruntime threads for scoring and timing; 0 = all cores")
+    int8: Int8Params = Int8Params()
+    timing: TimingParams = TimingParams()
+
+    @model_validator(mode="after")
+    def _formats(self) -> ExportParams:
+        if "onnx" not in self.formats:
+            raise ValueError(f"formats must include onnx (the served model), got {list(self.formats)}")
+        if len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"formats lists a format twice: {list(self.formats)}")
+        return self
 
 
 class Rule(Section):
-    metric: str = Field(description="dotted key into metrics.json, e.g. accuracy")
-    direction: Literal["higher", "lower"] = "higher"
+    metric: str = Field(description="dotted key into the metrics, e.g. accuracy; * matches every key at its level")
+    direction: Literal["higher", "lower", "equal"] = Field("higher", description="equal: must match the baseline")
     abs_tol: float = Field(0.0, ge=0, description="allowed worsening, absolute")
     rel_tol: float = Field(0.0, ge=0, description="allowed worsening, relative to the baseline")
 
@@ -125,7 +230,10 @@ class RegressionParams(Section):
     rules: tuple[Rule, ...] = (
         Rule(metric="accuracy", abs_tol=0.02),
         Rule(metric="macro_f1", abs_tol=0.02),
+        Rule(metric="per_class.*.recall", abs_tol=0.05),
+        Rule(metric="test_set_sha256", direction="equal"),
     )
+    batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
 
 
 class Params(Section):
@@ -135,6 +243,7 @@ class Params(Section):
     generate: GenerateParams = GenerateParams()
     preprocess: PreprocessParams = PreprocessParams()
     train: TrainParams = TrainParams()
+    sanity: SanityParams = SanityParams()
     evaluate: EvaluateParams = EvaluateParams()
     export: ExportParams = ExportParams()
     regression: RegressionParams = RegressionParams()

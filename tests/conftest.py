@@ -28,8 +28,14 @@ TINY = {
     "preprocess": {"image_size": 32, "workers": 1, "val_fraction": 0.2, "test_fraction": 0.2},
     "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "threads": 1},
     # A model trained for one short epoch has large, unsettled logits; fp32 rounding differences
-    # between PyTorch and onnxruntime scale with them.
-    "export": {"max_abs_diff": 0.01},
+    # between PyTorch and onnxruntime scale with them. It is also near chance, with near-tied logits
+    # that INT8 rounding flips: on ~20 test images one flip is 5 points. (INT8 gates at their
+    # defaults are tested on a trained model in tests/test_export.py.)
+    "export": {
+        "max_abs_diff": 0.01,
+        "int8": {"max_accuracy_drop": 0.25, "min_agreement": 0.5},
+        "timing": {"repeats": 3},
+    },
 }
 
 
@@ -85,8 +91,12 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
     for name in PROJECT_FILES:
         src = ROOT / name
         if src.is_dir():
+            # A promoted baseline (make promote: metrics, model.json, model.onnx, their .dvc files) stays
+            # behind, so every test project starts with no baseline.
             shutil.copytree(
-                src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json")
+                src,
+                dest / name,
+                ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json", "*.onnx", "*.dvc"),
             )
         else:
             shutil.copy2(src, dest / name)
