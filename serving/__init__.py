@@ -1,0 +1,1 @@
+"""Serving: the production ONNX model (hash-verified) behind FastAPI; `make serve` / `python -m serving`."""

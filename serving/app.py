@@ -1,0 +1,239 @@
+"""The FastAPI app: image uploads -> top-k classes from the production ONNX model, plus health and metrics.
+
+`create_app(serve, paths)` builds it from the params' `serve` and `paths` sections; the model loads
+(hash-verified) and warms up in a background thread, and /ready says 503 until that is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+from fastapi import FastAPI, File, HTTPException, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_reason
+from serving.model import ModelSource, load_production_model
+from serving.monitoring import Metrics, ReviewFolder, log
+from tasks.imaging import ImageError, load_array
+from tasks.inference import OnnxModel
+from tasks.params import Params, Paths, ServeParams, load_params
+
+# Bad bytes are the client's problem: each ImageError reason gets a 4xx, never a 5xx.
+STATUS_BY_REASON = {
+    "empty_file": 422,
+    "not_an_image": 415,
+    "unsupported_mode": 415,
+    "truncated": 422,
+    "decode_error": 422,
+    "too_small": 422,
+    "decompression_bomb": 413,
+}
+
+
+class ClassProbability(BaseModel):
+    index: int
+    label: str
+    probability: float
+
+
+class ModelInfo(BaseModel):
+    sha256: str
+    source: str
+    version: str
+
+
+class ImagePrediction(BaseModel):
+    file: str
+    top_k: list[ClassProbability]
+    top1_probability: float
+    margin: float
+    low_confidence: bool
+
+
+class PredictResponse(BaseModel):
+    model: ModelInfo
+    prediction: ImagePrediction
+
+
+class BatchResponse(BaseModel):
+    model: ModelInfo
+    predictions: list[ImagePrediction]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (413, 415, 422, 503)}
+
+
+@dataclass
+class State:
+    model: OnnxModel | None = None
+    source: ModelSource | None = None
+    error: str | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        assert self.model is not None and self.source is not None
+        sha = self.model.sha256
+        return ModelInfo(sha256=sha, source=self.source.source, version=f"{self.source.source}-{sha[:12]}")
+
+
+def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
+    try:
+        model, source = load_production_model(paths, serve.threads)
+        size = model.spec.image_size
+        for batch in [1] * serve.warmup_runs + ([serve.max_batch_files] if serve.warmup_runs else []):
+            model.logits(np.zeros((batch, 3, size, size), np.uint8))
+    except Exception as exc:  # reported by /ready and the log; the process stays up for /health
+        state.error = f"{type(exc).__name__}: {exc}"
+        log.error("model not loaded: %s", state.error)
+        return
+    state.model, state.source = model, source
+    metrics.model.labels(sha256=model.sha256, source=source.source).set(1)
+    metrics.ready.set(1)
+    log.info("serving %s (%s, sha256 %s), warm", source.path, source.source, model.sha256)
+
+
+def _error(code: int, reason: str, detail: str, request: Request) -> JSONResponse:
+    set_reason(request.scope, reason)
+    return JSONResponse({"error": reason, "detail": detail}, status_code=code)
+
+
+def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
+    metrics = Metrics()
+    state = State()
+    review = ReviewFolder(serve.review_dir, serve.review_max_files, serve.review_max_file_bytes)
+    # One decode+inference at a time per process: onnxruntime already uses serve.threads cores, and 32
+    # concurrent session runs only add memory (an arena each) and tail latency, not throughput.
+    compute = asyncio.Semaphore(1)
+
+    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
+        loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
+        loader.start()
+        if not load_in_background:
+            loader.join()
+        yield
+
+    app = FastAPI(title="imagepipe serving", version="1", lifespan=lifespan)
+    app.state.serving = state
+    app.state.metrics = metrics
+    app.add_middleware(BodyLimitMiddleware, max_bytes=serve.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+
+    @app.exception_handler(ImageError)
+    async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
+        return _error(STATUS_BY_REASON.get(exc.reason, 422), exc.reason, str(exc), request)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        reason = exc.detail if isinstance(exc.detail, str) else "http_error"
+        return _error(exc.status_code, reason.split(":")[0], str(exc.detail), request)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _error(422, "invalid_request", detail, request)
+
+    def classify(items: list[tuple[str, bytes]]) -> list[ImagePrediction]:
+        model = state.model
+        assert model is not None
+        arrays = []
+        for name, data in items:
+            try:
+                arrays.append(load_array(data, model.spec, max_pixels=serve.max_pixels))
+            except ImageError as exc:
+                raise ImageError(exc.reason, f"{name}: {exc.detail}") from None
+        logits = model.logits(np.stack(arrays)).astype(np.float64)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        return [record(name, data, row) for (name, data), row in zip(items, probs, strict=True)]
+
+    def record(name: str, data: bytes, probs: np.ndarray) -> ImagePrediction:
+        model = state.model
+        assert model is not None
+        order = np.argsort(-probs, kind="stable")
+        top1 = float(probs[order[0]])
+        margin = top1 - float(probs[order[1]]) if len(order) > 1 else top1
+        low = top1 < serve.low_confidence
+        top_k = [ClassProbability(index=int(i), label=model.class_names[i], probability=float(probs[i]))
+                 for i in order[: serve.top_k]]  # fmt: skip
+        metrics.predictions.inc()
+        metrics.top1.observe(top1)
+        metrics.margin.observe(margin)
+        if low:
+            metrics.low_confidence.inc()
+            sha = hashlib.sha256(data).hexdigest()
+            log.warning("low confidence %.3f (margin %.3f): %r %s -> %s", top1, margin, name, sha, top_k[0].label)
+            probabilities = dict(zip(model.class_names, map(float, probs), strict=True))
+            sidecar = {"file": name, "sha256": sha, "model_sha256": model.sha256, "predicted": top_k[0].label,
+                       "top1_probability": top1, "margin": margin, "probabilities": probabilities}  # fmt: skip
+            why = review.save(data, sha, top_k[0].label, sidecar)
+            if why is None:
+                metrics.review_saved.inc()
+            else:
+                metrics.review_skipped.labels(why=why).inc()
+        return ImagePrediction(file=name, top_k=top_k, top1_probability=top1, margin=margin, low_confidence=low)
+
+    def ensure_ready() -> None:
+        if state.model is None:
+            raise HTTPException(503, f"model_not_ready: {state.error or 'loading'}")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """The process is up (says nothing about the model)."""
+        return {"status": "ok"}
+
+    @app.get("/ready", responses=ERRORS)
+    async def ready() -> dict[str, Any]:
+        """200 once the model is loaded, hash-verified and warm; 503 before (or when loading failed)."""
+        ensure_ready()
+        return {"status": "ready", "model": state.info.model_dump()}
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        """Prometheus text format."""
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/predict", response_model=PredictResponse, responses=ERRORS)
+    async def predict(file: Annotated[UploadFile, File()]) -> PredictResponse:
+        """One image (multipart field `file`) -> the top-k classes with probabilities."""
+        ensure_ready()
+        items = [(file.filename or "file", await file.read())]
+        async with compute:
+            predictions = await run_in_threadpool(classify, items)
+        return PredictResponse(model=state.info, prediction=predictions[0])
+
+    @app.post("/predict/batch", response_model=BatchResponse, responses=ERRORS)
+    async def predict_batch(files: Annotated[list[UploadFile], File()]) -> BatchResponse:
+        """Several images (repeated multipart field `files`) -> one onnxruntime call, results in order."""
+        ensure_ready()
+        if len(files) > serve.max_batch_files:
+            raise HTTPException(413, f"too_many_files: {len(files)} > serve.max_batch_files {serve.max_batch_files}")
+        items = [(f.filename or f"files[{i}]", await f.read()) for i, f in enumerate(files)]
+        async with compute:
+            predictions = await run_in_threadpool(classify, items)
+        return BatchResponse(model=state.info, predictions=predictions)
+
+    return app
+
+
+def app_from_params() -> FastAPI:
+    """uvicorn's factory (`make serve`): params.yaml's `serve` and `paths` sections."""
+    params: Params = load_params()
+    torch.set_num_threads(params.serve.threads)  # normalisation runs in torch: same budget as onnxruntime
+    logging.basicConfig(level=logging.INFO, format="[serve] %(levelname)s %(message)s")
+    return create_app(params.serve, params.paths)

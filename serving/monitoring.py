@@ -1,0 +1,97 @@
+"""Prometheus metrics of one app instance, and the review folder of low-confidence inputs.
+
+Predictions (top-1 probability, margin) -> histograms; inputs under the confidence threshold ->
+`<review_dir>/<predicted class>/<sha256>.<ext>` + a `.json` sidecar, an ImageFolder that
+`data.source` can take in once a person has moved each image to its true class.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tasks.imaging import IMAGE_SUFFIXES, is_image_name
+
+log = logging.getLogger("serving")
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_PROB_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+class Metrics:
+    """One registry per app, so several apps (tests) never share counters."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("serve_requests", "HTTP requests", ["endpoint", "code"], registry=r)
+        self.latency = Histogram(
+            "serve_request_latency_seconds", "request latency", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.errors = Counter("serve_errors", "4xx/5xx responses by code and reason", ["code", "reason"], registry=r)
+        self.predictions = Counter("serve_predictions", "images classified", registry=r)
+        self.top1 = Histogram("serve_top1_probability", "top-1 probability", buckets=_PROB_BUCKETS, registry=r)
+        self.margin = Histogram("serve_top1_margin", "top-1 minus top-2 probability", buckets=_PROB_BUCKETS, registry=r)
+        self.low_confidence = Counter("serve_low_confidence", "predictions under serve.low_confidence", registry=r)
+        self.review_saved = Counter("serve_review_saved", "low-confidence inputs saved for review", registry=r)
+        self.review_skipped = Counter("serve_review_skipped", "low-confidence inputs not saved", ["why"], registry=r)
+        self.ready = Gauge("serve_ready", "1 once the model is loaded and warm", registry=r)
+        self.model = Gauge("serve_model_info", "the served model", ["sha256", "source"], registry=r)
+
+
+def image_suffix(data: bytes) -> str | None:
+    """The suffix preprocess recognises for these bytes' format (header only), or None."""
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            fmt = (img.format or "").lower()
+    except Exception:  # untrusted bytes: any failure means "not saveable"
+        return None
+    suffix = {"jpeg": ".jpg", "tiff": ".tif", "mpo": ".jpg"}.get(fmt, f".{fmt}")
+    return suffix if suffix in IMAGE_SUFFIXES else None
+
+
+class ReviewFolder:
+    """Bounded store of low-confidence inputs: at most `max_files` images of at most `max_file_bytes` each."""
+
+    def __init__(self, root: Path, max_files: int, max_file_bytes: int) -> None:
+        self.root, self.max_files, self.max_file_bytes = root, max_files, max_file_bytes
+        self._lock = threading.Lock()
+        self._count = sum(1 for p in root.rglob("*") if p.is_file() and is_image_name(p)) if root.is_dir() else 0
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def save(self, data: bytes, sha256: str, label: str, record: dict[str, Any]) -> str | None:
+        """Write the image and its sidecar (temp + rename); returns why not when it was skipped."""
+        if len(data) > self.max_file_bytes:
+            return "too_large"
+        suffix = image_suffix(data)
+        if suffix is None:
+            return "unknown_format"
+        folder = self.root / label
+        target = folder / f"{sha256}{suffix}"
+        with self._lock:
+            if target.exists():
+                return "duplicate"
+            if self._count >= self.max_files:
+                return "full"
+            self._count += 1
+        folder.mkdir(parents=True, exist_ok=True)
+        sidecar = target.with_suffix(".json")
+        # Time belongs in the sidecar: the review folder is intake, not a versioned artifact.
+        payload = {**record, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        for path, content in ((sidecar, json.dumps(payload, indent=2).encode()), (target, data)):
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+            tmp.write_bytes(content)
+            os.replace(tmp, path)  # the image last: an image in the folder always has its sidecar
+        return None
