@@ -13,6 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity
+.PHONY: serve
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
@@ -43,13 +44,18 @@ promote: setup
 	$(BIN)/python -m tasks.promote
 
 lint: setup
-	$(BIN)/ruff check tasks flows tests
-	$(BIN)/ruff format --check tasks flows tests
+	$(BIN)/ruff check tasks flows serving tests bench
+	$(BIN)/ruff format --check tasks flows serving tests bench
 
 # Overfit one training batch with the train recipe: a loss that won't reach ~0 means a broken code or
 # data path, not bad hyperparameters (params: sanity.*; needs the shards: dvc repro preprocess).
 sanity: setup
 	$(BIN)/python -m tasks.sanity
+
+# The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
+# behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".
+serve: setup
+	$(BIN)/python -m serving
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1

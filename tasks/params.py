@@ -236,6 +236,24 @@ class RegressionParams(Section):
     batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
 
 
+class ServeParams(Section):
+    """make serve: the production ONNX model behind FastAPI (not a DVC stage; read by serving/)."""
+
+    host: str = Field("127.0.0.1", description="address uvicorn binds")
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1, description="uvicorn worker processes, each with its own onnxruntime session")
+    threads: int = Field(1, ge=1, description="onnxruntime intra-op threads per worker; workers x threads <= cores")
+    max_body_bytes: int = Field(10 * 2**20, ge=1024, description="larger request bodies get 413, counted while reading")
+    max_batch_files: int = Field(32, ge=1, description="images per /predict/batch request; more get 413")
+    max_pixels: int = Field(40_000_000, ge=1, description="more pixels in the header: 413 before decoding")
+    top_k: int = Field(5, ge=1, description="classes returned per image")
+    warmup_runs: int = Field(3, ge=0, description="inferences before /ready says ready")
+    low_confidence: float = Field(0.5, ge=0, le=1, description="top-1 probability below this: logged, kept for review")
+    review_dir: Path = Field(Path("data/review"), description="low-confidence inputs: <class>/<sha256>.<ext> + .json")
+    review_max_files: int = Field(1000, ge=0, description="stop saving to review_dir once it holds this many images")
+    review_max_file_bytes: int = Field(2 * 2**20, ge=0, description="larger low-confidence uploads: logged, not saved")
+
+
 class Params(Section):
     seed: int = Field(42, ge=0, description="the one seed every other seed derives from")
     paths: Paths = Paths()
@@ -247,6 +265,7 @@ class Params(Section):
     evaluate: EvaluateParams = EvaluateParams()
     export: ExportParams = ExportParams()
     regression: RegressionParams = RegressionParams()
+    serve: ServeParams = ServeParams()
 
 
 def _describe(error: dict) -> str:
