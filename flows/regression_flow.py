@@ -17,11 +17,10 @@ import dvc.api
 from prefect import flow, get_run_logger, task
 
 from flows.artifacts import publish_integrity_failure, publish_nightly
-from tasks.check_regression import BASELINE_METRICS, BASELINE_MODEL, load_baseline
+from tasks.baseline import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, load_baseline
 from tasks.inference import ModelIntegrityError, OnnxModel, score_split
 from tasks.io import read_json
 from tasks.params import PARAMS_FILE, Params, load_params
-from tasks.promote import BASELINE_ONNX
 from tasks.regression import compare, format_table
 
 EXPORT_REPORT = "export.json"  # written by the export stage: onnx_sha256 of the file it proved equal

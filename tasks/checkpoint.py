@@ -23,7 +23,7 @@ import torch
 
 from tasks.cli import StageError
 from tasks.faults import Faults
-from tasks.io import sha256_file
+from tasks.io import fsync_dir, sha256_file
 from tasks.params import TrainParams
 
 log = logging.getLogger(__name__)
@@ -202,17 +202,9 @@ class Checkpointer:
             except OSError:
                 shutil.copyfile(self.last, tmp_best)
             os.replace(tmp_best, self.best)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self.faults.kill_if_due("after-ckpt", self.saves)
         return self.last
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _strip(key: str) -> str:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside `path` durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -74,7 +75,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         final.rename(old)
     tmp.rename(final)
     shutil.rmtree(old, ignore_errors=True)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 @contextlib.contextmanager
@@ -93,7 +94,7 @@ def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
 
 
 def dumps_json(obj: Any) -> str:

@@ -14,13 +14,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.check_regression import BASELINE_METRICS, BASELINE_MODEL, load_verified_model
+from tasks.baseline import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, load_verified_model
 from tasks.cli import StageError
 from tasks.io import read_json, sha256_file, write_json
 from tasks.params import PARAMS_FILE, ParamsError, load_params
 from tasks.shards import MANIFEST
-
-BASELINE_ONNX = "model.onnx"
 
 
 @dataclass(frozen=True)
