@@ -234,7 +234,8 @@ def run(
             if "onnx_int8" in params.formats:
                 sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
                 quantize_int8(tmp_onnx, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
-                              per_channel=params.int8.per_channel)  # fmt: skip
+                              per_channel=params.int8.per_channel,
+                              keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
                 write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
                 int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
                 q = int8_report(fp32_logits, int8.logits(images, params.batch_size), labels)

@@ -189,6 +189,7 @@ class EvaluateParams(Section):
 class Int8Params(Section):
     calibration_images: int = Field(256, ge=1, description="seeded sample of training images that sets INT8 ranges")
     per_channel: bool = Field(False, description="per-channel weight scales instead of one per tensor")
+    keep_head_fp32: bool = Field(True, description="leave the classifier head (last Gemm/MatMul) in fp32")
     max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="test accuracy INT8 may lose vs fp32 ONNX")
     min_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement INT8 vs fp32 ONNX")
 

@@ -2,7 +2,9 @@
 
 QOperator format, u8 activations / s8 weights, MinMax ranges calibrated on the sample, after
 `quant_pre_process`: the combination REFERENCE.md measured fastest on this CPU (static QDQ and
-dynamic quantization were slower than fp32 there).
+dynamic quantization were slower than fp32 there). The classifier head can stay fp32: on the
+default data, quantizing it alone flipped 3.4% of top-1 predictions (agreement 0.966 vs 0.997
+with the head in fp32, same speed-up).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -38,8 +41,22 @@ class _Batches(CalibrationDataReader):
         return next(self._feeds, None)
 
 
+def head_node(path: Path) -> str:
+    """The name of the last Gemm/MatMul of the graph: the classifier head of a torchvision model."""
+    nodes = [n.name for n in onnx.load(str(path)).graph.node if n.op_type in ("Gemm", "MatMul")]
+    if not nodes:
+        raise ValueError(f"{path}: no Gemm/MatMul node to keep in fp32 (export.int8.keep_head_fp32)")
+    return nodes[-1]
+
+
 def quantize_int8(
-    fp32_path: Path, int8_path: Path, calibration: np.ndarray, *, input_name: str, per_channel: bool
+    fp32_path: Path,
+    int8_path: Path,
+    calibration: np.ndarray,
+    *,
+    input_name: str,
+    per_channel: bool,
+    keep_head_fp32: bool = True,
 ) -> None:
     """Write a static INT8 (QOperator, u8/s8) model; `calibration` is normalised float32 (N, 3, S, S)."""
     if len(calibration) == 0:
@@ -56,6 +73,7 @@ def quantize_int8(
         with tempfile.TemporaryDirectory(prefix="quantize-") as tmp:
             prepared = Path(tmp) / "prepared.onnx"
             quant_pre_process(str(fp32_path), str(prepared))
+            exclude = [head_node(prepared)] if keep_head_fp32 else []
             quantize_static(
                 str(prepared),
                 str(int8_path),
@@ -64,6 +82,7 @@ def quantize_int8(
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 per_channel=per_channel,
+                nodes_to_exclude=exclude,
             )
     finally:
         root.setLevel(level)
