@@ -7,6 +7,7 @@ complete, so a crash mid-run never leaves an output that looks finished.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -70,12 +71,29 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    if final.exists() and _exchange(tmp, final):
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous output
+    else:
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if final.exists():
+            final.rename(old)  # not atomic: a kill here leaves no `final` until the next run
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
     fsync_dir(final.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where unsupported.
+
+    Replacing a directory by rename-away-then-rename-in leaves a moment with neither; a SIGKILL
+    there would lose the previous complete output.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 @contextlib.contextmanager
