@@ -110,3 +110,19 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
 @pytest.fixture
 def imagefolder(tmp_path: Path) -> Path:
     return make_imagefolder(tmp_path / "images")
+
+
+@pytest.fixture(scope="session")
+def export_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny shards for the export, inference and regression-gate tests, made once per session."""
+    from tests.test_export import make_shards
+
+    return make_shards(tmp_path_factory.mktemp("export-data"))
+
+
+@pytest.fixture(scope="session")
+def export_model_file(export_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model.pt trained once on `export_shards`; tests that alter it work on copies."""
+    from tests.test_export import train_model
+
+    return train_model(export_shards, tmp_path_factory.mktemp("export-model"))

@@ -59,13 +59,13 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("export-data"))
+def shards(export_shards: Path) -> Path:
+    return export_shards
 
 
 @pytest.fixture(scope="module")
-def model(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_model(shards, tmp_path_factory.mktemp("export-model"))
+def model(export_model_file: Path) -> Path:
+    return export_model_file
 
 
 @pytest.fixture(scope="module")

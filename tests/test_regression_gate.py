@@ -22,7 +22,7 @@ from tasks.inference import OnnxModel
 from tasks.io import read_json, sha256_file, write_json
 from tasks.regression import Verdict
 from tasks.shards import MANIFEST
-from tests.test_export import PARAMS, export_model, make_shards, train_model
+from tests.test_export import PARAMS, export_model
 
 ONNX_ONLY = PARAMS.export.model_copy(
     update={"formats": ("onnx",), "timing": PARAMS.export.timing.model_copy(update={"repeats": 1, "batch_sizes": (1,)})}
@@ -51,13 +51,13 @@ def failed(verdict: Verdict) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("gate-data"))
+def shards(export_shards: Path) -> Path:
+    return export_shards
 
 
 @pytest.fixture(scope="module")
-def model(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_model(shards, tmp_path_factory.mktemp("gate-model"))
+def model(export_model_file: Path) -> Path:
+    return export_model_file
 
 
 @pytest.fixture(scope="module")
