@@ -4,6 +4,7 @@ the same model.pt bytes as an uninterrupted run. Real processes, real SIGKILL, r
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import signal
 import subprocess
@@ -63,7 +64,9 @@ def test_kill_mid_epoch_under_dvc_repro_resumes(prepared: Path, uninterrupted: s
     repo = copy_of(prepared, tmp_path)
     killed = subprocess.run([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, capture_output=True,
                             text=True, env={**env_with_venv(), "IMAGEPIPE_FAULT": "kill@step:3"})  # fmt: skip
-    assert "exited with -9" in killed.stderr and not (repo / "models" / "model.pt").exists()
+    # DVC runs the command through $SHELL: -9 if that shell exec'd python, 137 (128+SIGKILL) if it forked it
+    assert re.search(r"exited with (-9|137)\b", killed.stderr), killed.stderr[-2000:]
+    assert not (repo / "models" / "model.pt").exists()
     assert torch.load(checkpoints(repo) / "last.pt", weights_only=True)["progress"]["step"] == 2
     rerun = dvc("repro", "train", cwd=repo)  # the checkpoint folder survives dvc repro
     assert "resuming from" in rerun.stdout and "step 2 of 8 (epoch 1, batch 2 of 4)" in rerun.stdout
