@@ -1,8 +1,9 @@
 """Stage check_regression: exported ONNX (hash-verified) + test shards + baseline/ -> regression.json, .md.
 
 The model that ships is scored through the serving path (tasks.inference) on the fixed test split
-and compared with the promoted baseline under params.yaml's rules; exits 1 on any failed rule.
-With no baseline yet it passes and says so.
+and compared with the promoted baseline under params.yaml's rules; the export's deferred gates
+(INT8 vs fp32, recorded in export.json) are part of the same verdict. Exits 1 on any failed rule or
+gate. With no baseline yet the baseline rules pass and say so.
 """
 
 from __future__ import annotations
@@ -14,11 +15,31 @@ from pathlib import Path
 from tasks.baseline import BASELINE_METRICS, load_baseline, load_verified_model
 from tasks.cli import StageError, stage_main
 from tasks.inference import score_split
-from tasks.io import atomic_file, write_json
+from tasks.io import atomic_file, read_json, write_json
 from tasks.params import Params, RegressionParams
-from tasks.regression import Verdict, compare, format_table
+from tasks.regression import GateResult, Verdict, compare, format_table
 
 log = logging.getLogger(__name__)
+
+GATE_FIELDS = {"name": str, "value": float, "op": str, "limit": float, "param": str, "passed": bool}
+
+
+def export_gates(export_report: Path) -> tuple[GateResult, ...]:
+    """The gates export measured but left to this verdict (onnx_int8.gates in export.json)."""
+    raw = read_json(export_report).get("onnx_int8", {}).get("gates", [])
+    gates = []
+    for i, gate in enumerate(raw):
+        if (
+            not isinstance(gate, dict)
+            or set(gate) != set(GATE_FIELDS)
+            or not all(isinstance(gate[k], t | int if t is float else t) for k, t in GATE_FIELDS.items())
+        ):
+            raise StageError(f"{export_report}: onnx_int8.gates.{i} is not a gate record (got {gate!r})")
+        if gate["op"] not in (">=", "<="):
+            raise StageError(f"{export_report}: onnx_int8.gates.{i}.op must be >= or <= (got {gate['op']!r})")
+        ok = gate["value"] >= gate["limit"] if gate["op"] == ">=" else gate["value"] <= gate["limit"]
+        gates.append(GateResult(**{**gate, "passed": ok}))  # judged here again, not taken on trust
+    return tuple(gates)
 
 
 def run(
@@ -37,7 +58,7 @@ def run(
     except ValueError as exc:
         raise StageError(str(exc)) from None
     baseline = load_baseline(baseline_dir)
-    verdict = compare(metrics, baseline, params.rules)
+    verdict = compare(metrics, baseline, params.rules).with_gates(export_gates(export_report))
     baseline_path = baseline_dir / BASELINE_METRICS
     write_json(
         verdict_path,
@@ -70,7 +91,8 @@ def _main(p: Params) -> None:
     if not verdict.passed:
         names = ", ".join(dict.fromkeys(r.metric for r in verdict.failures))
         details = "\n".join(f"  {r.describe()}" for r in verdict.failures)
-        print(f"[check_regression] REGRESSION: {names} failed against {p.paths.baseline}\n{details}", file=sys.stderr)
+        against = f"against {p.paths.baseline}" if verdict.has_baseline else "(no baseline yet)"
+        print(f"[check_regression] REGRESSION: {names} failed {against}\n{details}", file=sys.stderr)
         sys.exit(1)
 
 

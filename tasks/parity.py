@@ -7,7 +7,8 @@ itself and the params.yaml key that set its limit.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,9 @@ class Check:
     def describe(self) -> str:
         outcome = "ok" if self.passed else "FAIL"
         return f"{self.name} {self.value:.6g} (must be {self.op} export.{self.param} {self.limit:g}): {outcome}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
 
 
 def parity(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:

@@ -4,6 +4,9 @@ A rule names a dotted key (`per_class.cat.recall`); `*` stands for every key at 
 baseline (`per_class.*.recall`: every class the baseline knows). `higher`/`lower` allow a worsening
 of max(abs_tol, rel_tol x |baseline|); `equal` demands the same value (strings such as a hash, or
 numbers within the tolerance). Anything missing or not finite fails: a gate never skips a rule.
+
+The verdict also carries the export's deferred gates (INT8 vs fp32 ONNX): limits from params.yaml,
+not a baseline, but a model whose INT8 copy fails them is not releasable either.
 """
 
 from __future__ import annotations
@@ -41,20 +44,46 @@ class RuleResult:
 
 
 @dataclass(frozen=True)
+class GateResult:
+    """An export gate the export stage measured and recorded (export.json), enforced in this verdict."""
+
+    name: str  # e.g. onnx_int8.agreement
+    value: float
+    op: str  # ">=" or "<="
+    limit: float
+    param: str  # the export.* key of params.yaml that set `limit`
+    passed: bool
+
+    @property
+    def metric(self) -> str:
+        return self.name
+
+    def describe(self) -> str:
+        outcome = "ok" if self.passed else "FAIL"
+        return f"{self.name}: {self.value:.6g}, must be {self.op} export.{self.param} {self.limit:g}: {outcome}"
+
+
+@dataclass(frozen=True)
 class Verdict:
     passed: bool
     has_baseline: bool
     results: tuple[RuleResult, ...]
+    gates: tuple[GateResult, ...] = ()
 
     @property
-    def failures(self) -> tuple[RuleResult, ...]:
-        return tuple(r for r in self.results if not r.passed)
+    def failures(self) -> tuple[RuleResult | GateResult, ...]:
+        return tuple(r for r in (*self.results, *self.gates) if not r.passed)
+
+    def with_gates(self, gates: Sequence[GateResult]) -> Verdict:
+        """This verdict plus export gates: it passes only when they all pass too."""
+        return Verdict(self.passed and all(g.passed for g in gates), self.has_baseline, self.results, tuple(gates))
 
     def to_json(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
             "has_baseline": self.has_baseline,
             "rules": [asdict(r) for r in self.results],
+            "export_gates": [asdict(g) for g in self.gates],
         }
 
 
@@ -146,19 +175,33 @@ def _cell(x: Value | None) -> str:
 
 def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
     """The verdict as an aligned text table (or a Markdown table), one row per checked key."""
-    if not verdict.has_baseline:
-        return "no baseline yet: nothing to compare against (promote one with `make promote`); passing"
-    rows = [("metric", "value", "baseline", "delta", "allowed", "result")]
-    for r in verdict.results:
-        rows.append((f"{r.metric} ({r.direction})", _cell(r.value), _cell(r.baseline),
-                     "-" if r.delta is None else f"{r.delta:+.4f}", _cell(r.allowed),
-                     "PASS" if r.passed else f"FAIL: {r.reason}"))  # fmt: skip
     outcome = "verdict: " + ("PASS" if verdict.passed else "REGRESSION")
+    if verdict.has_baseline:
+        rows = [("metric", "value", "baseline", "delta", "allowed", "result")]
+        for r in verdict.results:
+            rows.append((f"{r.metric} ({r.direction})", _cell(r.value), _cell(r.baseline),
+                         "-" if r.delta is None else f"{r.delta:+.4f}", _cell(r.allowed),
+                         "PASS" if r.passed else f"FAIL: {r.reason}"))  # fmt: skip
+        sections = [_table(rows, markdown)]
+    else:
+        sections = ["no baseline yet: nothing to compare against (promote one with `make promote`)"]
+    if verdict.gates:
+        rows = [("export gate", "value", "limit", "params.yaml", "result")]
+        for g in verdict.gates:
+            rows.append((g.name, f"{g.value:.4f}", f"{g.op} {g.limit:g}", f"export.{g.param}",
+                         "PASS" if g.passed else "FAIL"))  # fmt: skip
+        sections.append(_table(rows, markdown))
+    if markdown:
+        return "\n\n".join([*sections, f"**{outcome}**"])
+    return "\n\n".join(sections) + "\n" + outcome
+
+
+def _table(rows: list[tuple[str, ...]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(row) + " |" for row in rows]
         lines.insert(1, "|" + "---|" * len(rows[0]))
-        return "\n".join([*lines, "", f"**{outcome}**"])
+        return "\n".join(lines)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join([*lines, outcome])
+    return "\n".join(lines)

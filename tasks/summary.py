@@ -15,6 +15,10 @@ def main() -> None:
     quarantine = read_json(params.paths.shards / "quarantine.json")["counts"]
     gate = "no baseline yet (make promote)" if not verdict["has_baseline"] else (
         "PASS" if verdict["passed"] else "REGRESSION")  # fmt: skip
+    q = export.get("onnx_int8")
+    int8 = "not in export.formats" if q is None else (
+        f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
+        + ("" if q["kept"] else " (refused by its gates)"))  # fmt: skip
     print(
         "\nPipeline finished\n"
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
@@ -22,6 +26,7 @@ def main() -> None:
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
+        f"  INT8          {int8}\n"
         f"  regression    {gate}\n"
         f"  model         {params.paths.model}, {params.paths.onnx}\n"
         f"  metrics       {reports / 'metrics.json'} (dvc metrics show)\n"

@@ -220,3 +220,40 @@ def test_promote_refuses_scores_of_another_model(project: Path, model: Path, sha
     with pytest.raises(StageError, match="run `dvc repro` first"):
         promote_to(tmp_path, model, shards, tmp_path / "baseline")
     assert not (tmp_path / "baseline").exists()
+
+
+def test_a_failed_int8_gate_keeps_no_int8_file_and_fails_the_verdict(
+    baseline: Path, model: Path, shards: Path, tmp_path: Path
+) -> None:
+    """INT8 fidelity is the model's property: export records the failed gate, check_regression fails on it
+    (with or without a baseline), and the refused INT8 file is not written."""
+    unreachable = ONNX_ONLY.int8.model_copy(update={"min_agreement": 1.5})  # no model can agree 150%
+    params = ONNX_ONLY.model_copy(update={"formats": ("onnx", "onnx_int8"), "int8": unreachable})
+    result = export_model(shards, model, tmp_path, params)
+    int8 = result.report["onnx_int8"]
+    assert int8["kept"] is False and "sha256" not in int8
+    assert list((tmp_path / "models/exports").iterdir()) == []
+    assert [(g["name"], g["passed"]) for g in int8["gates"]] == [
+        ("onnx_int8.accuracy_drop", True), ("onnx_int8.agreement", False),
+    ]  # fmt: skip
+    assert "onnx_int8" not in result.timings["latency_ms_median"]["batch_1"]
+    for baseline_dir in (baseline, tmp_path / "no-baseline"):
+        verdict = check(tmp_path, shards, baseline_dir)
+        assert not verdict.passed and failed(verdict) == ["onnx_int8.agreement"]
+        table = (tmp_path / "reports/regression.md").read_text()
+        assert "| onnx_int8.agreement |" in table and "| >= 1.5 | export.int8.min_agreement | FAIL |" in table
+    gates = read_json(tmp_path / "reports/regression.json")["export_gates"]
+    assert [g["name"] for g in gates if not g["passed"]] == ["onnx_int8.agreement"]
+
+
+def test_a_tampered_gate_record_is_judged_again(project: Path, shards: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy)
+    report = read_json(copy / "reports/export.json")
+    gate = {"name": "onnx_int8.agreement", "value": 0.5, "op": ">=", "limit": 0.98, "param": "int8.min_agreement"}
+    write_json(copy / "reports/export.json", {**report, "onnx_int8": {"gates": [{**gate, "passed": True}]}})
+    verdict = check(copy, shards, tmp_path / "no-baseline", out=tmp_path)
+    assert failed(verdict) == ["onnx_int8.agreement"]
+    write_json(copy / "reports/export.json", {**report, "onnx_int8": {"gates": [{"name": "x"}]}})
+    with pytest.raises(StageError, match=r"export\.json: onnx_int8\.gates\.0 is not a gate record"):
+        check(copy, shards, tmp_path / "no-baseline", out=tmp_path)
