@@ -259,6 +259,9 @@ def run(
             if not all(c.passed for c in int8_gates):
                 log.warning("%s refused by its gates and not written; check_regression fails on them", INT8_FILE)
             timings = measure_timings(runtimes, images, spec, params, threads)
+            # DVC may later restore export.json from its run cache without rerunning export, leaving
+            # this undeclared file from another model: the hashes say which model these numbers are for.
+            timings["model"] = {"onnx_sha256": fp32.sha256, "model_sha256": metadata["model_sha256"]}
             os.replace(tmp_onnx, onnx_path)
         finally:
             tmp_onnx.unlink(missing_ok=True)

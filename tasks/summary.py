@@ -19,6 +19,13 @@ def main() -> None:
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
         + ("" if q["kept"] else " (refused by its gates)"))  # fmt: skip
+    timings_path = reports / "export_timings.json"
+    timings = read_json(timings_path) if timings_path.is_file() else {}
+    if timings.get("model", {}).get("onnx_sha256") != export["onnx_sha256"]:
+        latency = f"{timings_path}: missing or from another model (dvc repro --force export measures this one)"
+    else:
+        row = timings["latency_ms_median"].get("batch_1", {})
+        latency = "batch 1, ms: " + ", ".join(f"{name} {ms:.2f}" for name, ms in row.items())
     print(
         "\nPipeline finished\n"
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
@@ -27,6 +34,7 @@ def main() -> None:
         f"{metrics['num_samples']} test images)\n"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
         f"  INT8          {int8}\n"
+        f"  latency       {latency}\n"
         f"  regression    {gate}\n"
         f"  model         {params.paths.model}, {params.paths.onnx}\n"
         f"  metrics       {reports / 'metrics.json'} (dvc metrics show)\n"

@@ -145,6 +145,7 @@ def test_timings_live_in_their_own_file(exported: Path) -> None:
         assert set(row) == {"pytorch_eager", "onnx_fp32", "onnx_int8", "torchscript"}
         assert all(ms > 0 for ms in row.values())
     assert timings["speedup_vs_onnx_fp32"]["batch_1"]["onnx_fp32"] == 1.0
+    assert timings["model"]["onnx_sha256"] == read_json(exported / "reports/export.json")["onnx_sha256"]
 
 
 def test_parity_gate_failure_writes_nothing(shards: Path, model: Path, tmp_path: Path) -> None:
