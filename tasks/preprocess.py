@@ -34,6 +34,7 @@ from tasks.validation import (
     class_folders,
     discover,
     hash_file,
+    size_file,
     worker_init,
 )
 from tasks.workpool import isolated_map
@@ -99,13 +100,18 @@ def run(
         std=params.std,
         class_names=class_names,
     )
-    # Pass 1: hash every file, so duplicates are known before anything is decoded or written.
-    # Threads suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes.
-    chunks = [candidates[start : start + 128] for start in range(0, len(candidates), 128)]
-    hashes: list[Hashed] = []
-    with ThreadPoolExecutor(params.workers) as threads, _bar(None, len(candidates), "hash") as bar:
-        for chunk in threads.map(lambda chunk: [hash_file(roots, item) for item in chunk], chunks):
-            hashes.extend(chunk)
+    # Pass 1: duplicates are known before anything is decoded or written. Only files of equal size
+    # can have equal bytes, so only those are hashed here; every other file is read once, by the
+    # decode pass, which hashes the bytes it decodes. Threads suffice: reading and hashlib release
+    # the GIL, and hashing cannot crash on bad bytes.
+    hashes: list[Hashed] = [size_file(roots, item) for item in candidates]
+    same_size = Counter(h.size for h in hashes if not h.error and h.size > 0)
+    shared = [i for i, h in enumerate(hashes) if not h.error and same_size[h.size] > 1]
+    chunks = [shared[start : start + 128] for start in range(0, len(shared), 128)]
+    with ThreadPoolExecutor(params.workers) as threads, _bar(None, len(shared), "hash same-size files") as bar:
+        for chunk in threads.map(lambda chunk: [(i, hash_file(roots, candidates[i])) for i in chunk], chunks):
+            for i, hashed in chunk:
+                hashes[i] = hashed
             bar.update(len(chunk))
     todo = plan(candidates, hashes, class_names)
     split_seed = derive_seed(seed, "preprocess")
@@ -114,7 +120,10 @@ def run(
             split: ShardWriter(tmp, split, image_size=params.image_size, shard_size=params.shard_size)
             for split in SPLITS
         }
-        files, quarantined = _decode_and_write(params, spec, roots, todo, writers, split_seed, test_source is not None)
+        sizes = {item: hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
+        files, quarantined = _decode_and_write(
+            params, spec, roots, todo, sizes, writers, split_seed, test_source is not None
+        )
         shards = {split: writer.close() for split, writer in writers.items()}
         quarantined.extend(todo.refused)
         quarantined.sort(key=lambda q: (q["root"], q["path"]))
@@ -173,11 +182,14 @@ def _decode_and_write(
     spec: PreprocessSpec,
     roots: tuple[tuple[str, Path], ...],
     todo: Plan,
+    sizes: dict[Candidate, int],
     writers: dict[str, ShardWriter],
     split_seed: int,
     fixed_test: bool,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards."""
+    """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards.
+
+    A file that pass 1 hashed must still have those bytes; one it only sized must still have that size."""
     config = CheckConfig(roots, spec, params.max_pixels, params.min_side)
     results = isolated_map(
         partial(check_file, config), [item for item, _ in todo.decode], workers=params.workers,
@@ -196,8 +208,9 @@ def _decode_and_write(
                 for c in copies
             )
             continue
-        if checked.digest != digest:
+        if checked.digest != digest if digest else checked.size != sizes[item]:
             raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
+        digest = digest or checked.digest
         if item.root == TEST_SOURCE:
             split = "test"
         else:

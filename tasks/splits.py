@@ -33,7 +33,7 @@ def split_of(
 class Plan:
     """What pass 2 decodes (one representative per distinct content), and what is already decided."""
 
-    decode: list[tuple[Candidate, str]] = field(default_factory=list)  # (representative, sha256)
+    decode: list[tuple[Candidate, str]] = field(default_factory=list)  # (representative, sha256 or "")
     copies: dict[str, list[Candidate]] = field(default_factory=dict)  # sha256 -> the other copies
     refused: list[dict[str, str]] = field(default_factory=list)  # quarantine entries
     duplicates: list[dict[str, object]] = field(default_factory=list)  # report, one entry per group
@@ -51,6 +51,8 @@ def plan(candidates: list[Candidate], hashes: list[Hashed], class_names: tuple[s
             out.refused.append({**item.where(), "reason": "unreadable", "detail": hashed.error})
         elif hashed.size == 0:
             out.refused.append({**item.where(), "reason": "empty_file", "detail": "zero bytes"})
+        elif not hashed.digest:  # a size no other file has: no copies possible, hashed when decoded
+            out.decode.append((item, ""))
         else:
             groups.setdefault(hashed.digest, []).append(item)
     for digest, members in groups.items():

@@ -92,3 +92,29 @@ def test_test_source_left_at_generated_means_none() -> None:
     generated = Path("data/generated")
     assert preprocess.fixed_test_folder(DataParams(), generated) is None
     assert preprocess.fixed_test_folder(DataParams(test_source=Path("my/test")), generated) == Path("my/test")
+
+
+@pytest.mark.parametrize("same_size", [True, False], ids=["hashed-in-pass-1", "sized-in-pass-1"])
+def test_a_file_changed_between_the_passes_stops_the_stage(
+    same_size: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pass 1 hashes only files whose size another file shares; the rest are hashed as they are
+    decoded. A file rewritten in between (other bytes, same size / another size) is caught either way."""
+    source = make_imagefolder(tmp_path / "images", classes=2, per_class=6)
+    victim = sorted((source / "class_0").iterdir())[0]
+    data = victim.read_bytes()
+    if same_size:
+        (source / "class_1" / "twin.bin.png").write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # a size twin
+    sizes = [p.stat().st_size for p in source.rglob("*") if p.is_file()]
+    assert (sizes.count(len(data)) > 1) == same_size
+    real_plan = preprocess.plan
+
+    def plan_then_rewrite(*args, **kwargs):  # runs between pass 1 (hash/size) and pass 2 (decode)
+        todo = real_plan(*args, **kwargs)
+        victim.write_bytes(data[:-1] + bytes([data[-1] ^ 2]) if same_size else data + b"\0")
+        return todo
+
+    monkeypatch.setattr(preprocess, "plan", plan_then_rewrite)
+    with pytest.raises(StageError, match=rf"{victim.name}: changed while preprocessing ran"):
+        preprocess.run(PARAMS, seed=42, source=source, out_dir=tmp_path / "shards")
+    assert not (tmp_path / "shards").exists()
