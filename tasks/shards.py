@@ -72,29 +72,35 @@ class ShardWriter:
         self.schema = shard_schema(image_size)
         self.batch_rows = max(1, min(shard_size, BATCH_BYTES // (3 * image_size * image_size)))
         self.shards: list[dict[str, Any]] = []
-        self._images: list[np.ndarray] = []
+        self._shape = (3, image_size, image_size)
+        self._buffer: np.ndarray | None = None  # one record batch, reused: no allocation per batch
         self._labels: list[int] = []
         self._sink: Any = None
         self._writer: Any = None
         self._rows = 0  # rows written to the open file
 
     def add(self, image: np.ndarray, label: int) -> None:
-        self._images.append(image)
+        if image.shape != self._shape or image.dtype != np.uint8:
+            raise ValueError(f"{self.prefix}: expected a uint8 {self._shape} image, got {image.dtype} {image.shape}")
+        if self._buffer is None:  # np.empty: pages are only touched as rows are filled
+            self._buffer = np.empty((self.batch_rows, *self._shape), np.uint8)
+        self._buffer[len(self._labels)] = image
         self._labels.append(label)
-        if len(self._images) == self.batch_rows or self._rows + len(self._images) == self.shard_size:
+        if len(self._labels) == self.batch_rows or self._rows + len(self._labels) == self.shard_size:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._images:
+        if not self._labels or self._buffer is None:
             return
         if self._writer is None:
             path = self.out_dir / f"{self.prefix}-{len(self.shards):05d}.arrow"
             self._sink = pa.OSFile(str(path), "wb")
             self._writer = pa.ipc.new_file(self._sink, self.schema)
-        batch = _record_batch(np.stack(self._images), np.asarray(self._labels), self.schema)
-        self._writer.write_batch(batch)
-        self._rows += len(self._images)
-        self._images, self._labels = [], []
+        count = len(self._labels)
+        batch = _record_batch(self._buffer[:count], np.asarray(self._labels), self.schema)
+        self._writer.write_batch(batch)  # serialised to the file here, so the buffer can be refilled
+        self._rows += count
+        self._labels = []
         if self._rows == self.shard_size:
             self._close_file()
 
