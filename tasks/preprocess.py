@@ -120,7 +120,7 @@ def run(
             split: ShardWriter(tmp, split, image_size=params.image_size, shard_size=params.shard_size)
             for split in SPLITS
         }
-        sizes = {item: hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
+        sizes = {(item.root, item.path): hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
         files, quarantined = _decode_and_write(
             params, spec, roots, todo, sizes, writers, split_seed, test_source is not None
         )
@@ -182,7 +182,7 @@ def _decode_and_write(
     spec: PreprocessSpec,
     roots: tuple[tuple[str, Path], ...],
     todo: Plan,
-    sizes: dict[Candidate, int],
+    sizes: dict[tuple[str, str], int],
     writers: dict[str, ShardWriter],
     split_seed: int,
     fixed_test: bool,
@@ -208,7 +208,8 @@ def _decode_and_write(
                 for c in copies
             )
             continue
-        if checked.digest != digest if digest else checked.size != sizes[item]:
+        changed = checked.digest != digest if digest else checked.size != sizes[item.root, item.path]
+        if changed:
             raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
         digest = digest or checked.digest
         if item.root == TEST_SOURCE:

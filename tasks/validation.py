@@ -114,8 +114,8 @@ def _read(roots: tuple[tuple[str, Path], ...], item: Candidate) -> bytes:
 
 def size_file(roots: tuple[tuple[str, Path], ...], item: Candidate) -> Hashed:
     """The file's size alone (digest ""): files of different sizes cannot have the same bytes."""
-    try:
-        return Hashed("", (dict(roots)[item.root] / item.path).stat().st_size)
+    try:  # os.stat on a joined string: pathlib costs more than the syscall for 10,000 small files
+        return Hashed("", os.stat(os.path.join(dict(roots)[item.root], item.path)).st_size)
     except OSError as exc:
         return Hashed("", -1, f"{type(exc).__name__}: {exc.strerror or exc}")
 
