@@ -39,7 +39,7 @@ def flatten(obj: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 
 def verdict_markdown(verdict: Verdict, *, title: str, notes: list[str] | None = None) -> str:
-    status = "no baseline" if not verdict.has_baseline else ("PASS" if verdict.passed else "REGRESSION")
+    status = "REGRESSION" if not verdict.passed else ("PASS" if verdict.has_baseline else "no baseline")
     lines = [f"# {title}: {status}", "", *[f"- {note}" for note in notes or []], ""]
     return "\n".join([*lines, format_table(verdict, markdown=True), ""])
 

@@ -13,8 +13,8 @@ def main() -> None:
     export = read_json(reports / "export.json")
     verdict = read_json(reports / "regression.json")
     quarantine = read_json(params.paths.shards / "quarantine.json")["counts"]
-    gate = "no baseline yet (make promote)" if not verdict["has_baseline"] else (
-        "PASS" if verdict["passed"] else "REGRESSION")  # fmt: skip
+    gate = "REGRESSION" if not verdict["passed"] else (
+        "PASS" if verdict["has_baseline"] else "PASS, no baseline yet (make promote)")  # fmt: skip
     q = export.get("onnx_int8")
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
