@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ LAST, BEST = "last.pt", "best.pt"
 # kernels round differently: a checkpoint loads with or without it, by design.
 OPERATIONAL = frozenset(
     {"num_workers", "threads", "checkpoint_every_steps", "resume", "histogram_every_steps", "auto_batch"}
-    | {"nonfinite", "max_nonfinite", "compile"}
+    | {"nonfinite", "max_nonfinite", "compile", "keep_checkpoint_runs"}
 )
 
 
@@ -101,6 +102,30 @@ def first_nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             return name
     return None
+
+
+RUN_NAME = re.compile(r"[0-9a-f]{16}")  # RunIdentity.name
+
+
+def prune_runs(checkpoint_dir: Path, *, keep: int, current: str) -> list[Path]:
+    """Delete the checkpoint folders of all but the `keep` most recent runs (by the time of their
+    newest checkpoint); the current run counts as one and is never deleted. Only folders named like
+    a run that hold nothing but checkpoint files are touched. Returns the folders removed."""
+    if keep <= 0 or not Path(checkpoint_dir).is_dir():
+        return []
+    runs = []
+    for folder in Path(checkpoint_dir).iterdir():
+        if folder.name == current or not folder.is_dir() or folder.is_symlink() or not RUN_NAME.fullmatch(folder.name):
+            continue
+        files = list(folder.iterdir())
+        if not files or not all(f.is_file() and (f.name in (LAST, BEST) or f.name.startswith(".")) for f in files):
+            continue  # not (only) ours: leave it
+        runs.append((max(f.stat().st_mtime_ns for f in files), folder.name, folder))
+    runs.sort(reverse=True)
+    removed = [folder for _, _, folder in runs[keep - 1 :]]
+    for folder in removed:
+        shutil.rmtree(folder)
+    return removed
 
 
 class _Tripwire:

@@ -157,6 +157,9 @@ class TrainParams(Section):
     max_nonfinite: int = Field(10, ge=0, description="skip: stop the run after more than this many such steps")
     checkpoint_every_steps: int = Field(250, ge=0, description="also checkpoint every N steps; 0 = epoch ends only")
     resume: bool = Field(True, description="continue from this run's last checkpoint; false = start fresh")
+    keep_checkpoint_runs: int = Field(
+        3, ge=0, description="after a finished run, keep the checkpoints of this many most recent runs (0 = all)"
+    )
     histogram_every_steps: int = Field(250, ge=0, description="TensorBoard weight/gradient histograms; 0 = off")
     num_workers: int = Field(0, ge=0)
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores (shared between processes)")

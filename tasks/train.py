@@ -19,7 +19,7 @@ import torch
 
 from tasks import distributed
 from tasks.augment import Augment
-from tasks.checkpoint import Checkpointer, RunIdentity, load_init_weights, run_identity
+from tasks.checkpoint import Checkpointer, RunIdentity, load_init_weights, prune_runs, run_identity
 from tasks.cli import StageError, stage_main
 from tasks.faults import Faults
 from tasks.imaging import PreprocessSpec
@@ -181,6 +181,9 @@ def _train(
         write_json(run_meta_path, meta)
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run_dir / "profile.json", {**profile, "resumed_from_step": resumed_from})
+        for folder in prune_runs(checkpoint_dir, keep=params.keep_checkpoint_runs, current=identity.name):
+            log.info("removed the checkpoints of an older run: %s (train.keep_checkpoint_runs %d)",
+                     folder, params.keep_checkpoint_runs)  # fmt: skip
     return TrainResult(model_path, progress.history[-1]["val_accuracy"], params.epochs,
                        profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
 

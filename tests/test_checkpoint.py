@@ -3,6 +3,7 @@ RNG states round-trip; transfer-learning weights skip what does not fit and say 
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tasks.checkpoint import (
     RunIdentity,
     capture_rng,
     load_init_weights,
+    prune_runs,
     restore_rng,
     run_identity,
 )
@@ -144,3 +146,23 @@ def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> No
     torch.save(build_model("mobilenet_v3_small", 3).state_dict(), tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="no layer of .* matches this model"):
         load_init_weights(target, tmp_path / "other.pt")
+
+
+def test_prune_keeps_the_current_run_and_the_newest_others(tmp_path: Path) -> None:
+    names = [f"{i:016x}" for i in range(1, 6)]  # run 1 oldest ... run 5 newest
+    for age, name in enumerate(reversed(names)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for file in ("last.pt", "best.pt"):
+            (folder / file).write_bytes(b"x")
+            os.utime(folder / file, ns=(10**18 - age * 10**9, 10**18 - age * 10**9))
+    (tmp_path / "notes").mkdir()  # not a run folder
+    foreign = tmp_path / f"{0xABC:016x}"  # named like a run, but holds something else too
+    foreign.mkdir()
+    (foreign / "last.pt").write_bytes(b"x")
+    (foreign / "mine.txt").write_text("keep me")
+    removed = prune_runs(tmp_path, keep=3, current=names[0])  # the current run is the oldest one
+    assert sorted(p.name for p in removed) == [names[1], names[2]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3], names[4], "notes", foreign.name])
+    assert prune_runs(tmp_path, keep=0, current=names[0]) == []  # 0 keeps everything
+    assert prune_runs(tmp_path / "absent", keep=1, current=names[0]) == []

@@ -180,3 +180,12 @@ def test_compiled_training_writes_checkpoints_that_load_without_compile(shards: 
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in loaded.state_dict().items())
     again = train_once(shards, tmp_path, compile=False, epochs=1)  # the same run, resumed without compile
     assert again.resumed_from_step == read_json(tmp_path / "train_run.json")["steps"] > 0
+
+
+def test_finished_runs_prune_older_runs_checkpoints(shards: Path, tmp_path: Path) -> None:
+    """Each params change is a new run folder (about 90 MB for resnet18): only the newest few stay."""
+    first = train_once(shards, tmp_path, epochs=1, keep_checkpoint_runs=2)
+    second = train_once(shards, tmp_path, epochs=1, lr=0.02, keep_checkpoint_runs=2)
+    assert {p.name for p in (tmp_path / "runs/checkpoints").iterdir()} == {first.run_dir.name, second.run_dir.name}
+    third = train_once(shards, tmp_path, epochs=1, lr=0.03, keep_checkpoint_runs=2)
+    assert {p.name for p in (tmp_path / "runs/checkpoints").iterdir()} == {second.run_dir.name, third.run_dir.name}
