@@ -26,8 +26,9 @@ from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer
 from tasks.params import load_params
 from tasks.precision import resolve_precision
+from tasks.runstate import Progress, seed_everything
 from tasks.shards import ShardDataset, load_manifest
-from tasks.trainer import Progress, Trainer, seed_everything
+from tasks.trainer import Trainer
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ never in versioned outputs. Only the main process writes; elsewhere every call i
 from __future__ import annotations
 
 import logging
+import resource
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,16 @@ class Monitor:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def memory_report(device: torch.device) -> str:
+    if device.type == "cuda":
+        gib = 1 << 30
+        free, total = torch.cuda.mem_get_info(device)
+        return (
+            f"GPU memory: {torch.cuda.memory_allocated(device) / gib:.2f} GiB allocated, "
+            f"{torch.cuda.memory_reserved(device) / gib:.2f} GiB reserved, "
+            f"peak {torch.cuda.max_memory_allocated(device) / gib:.2f} GiB, "
+            f"{free / gib:.2f} of {total / gib:.2f} GiB free"
+        )
+    return f"host memory: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20):.2f} GiB"

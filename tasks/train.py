@@ -31,8 +31,9 @@ from tasks.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.params import Params, TrainParams, derive_seed, section_hash
 from tasks.plots import plot_history
 from tasks.precision import Precision, resolve_precision
+from tasks.runstate import Progress, seed_everything
 from tasks.shards import MANIFEST, ShardDataset, ShardSplit, load_manifest
-from tasks.trainer import Progress, Trainer, seed_everything, validate
+from tasks.trainer import Trainer, validate
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
-import random
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,72 +34,17 @@ from tasks.imaging import PreprocessSpec
 from tasks.loader import StepSampler
 from tasks.metrics import classification_metrics
 from tasks.models import normalize, predict_logits, unwrap
-from tasks.monitor import Monitor
+from tasks.monitor import Monitor, memory_report
 from tasks.optim import Schedule, set_train_mode
 from tasks.params import TrainParams
 from tasks.precision import Precision
+from tasks.runstate import Progress, StepOutcome
 
 log = logging.getLogger(__name__)
 
 
 class NonFiniteError(StageError):
     """NaN/Inf in the loss or gradients, beyond what train.nonfinite / max_nonfinite allow."""
-
-
-@dataclass
-class Progress:
-    """Where the loop is and what it has counted; saved whole in every checkpoint."""
-
-    step: int = 0  # global batches consumed (optimizer steps attempted), over all epochs
-    epoch: int = 0  # epoch in progress, 0-based
-    batch_in_epoch: int = 0
-    updates: int = 0  # optimizer steps that really happened
-    accumulation: int = 1  # doubles on each auto_batch halving
-    loss_sum: float = 0.0  # this epoch (this rank; all ranks' sums in a checkpoint)
-    correct: int = 0
-    count: int = 0
-    seen: torch.Tensor | None = None  # times each training sample was trained on this epoch
-    best: float | None = None
-    best_epoch: int = 0
-    scaler_skipped: int = 0
-    nonfinite: list[dict[str, Any]] = field(default_factory=list)
-    auto_batch: list[dict[str, Any]] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    coverage: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    loss_sum: float
-    correct: int
-    count: int
-    grad_norm: float
-    applied: bool
-
-
-def seed_everything(seed: int, threads: int, device: torch.device) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if device.type == "cuda":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism needs it before init
-        torch.backends.cudnn.benchmark = False
-    # Some CUDA kernels (adaptive pooling backward) have no deterministic version: warn there, don't fail.
-    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
-    torch.set_num_threads(threads)
-
-
-def memory_report(device: torch.device) -> str:
-    if device.type == "cuda":
-        gib = 1 << 30
-        free, total = torch.cuda.mem_get_info(device)
-        return (
-            f"GPU memory: {torch.cuda.memory_allocated(device) / gib:.2f} GiB allocated, "
-            f"{torch.cuda.memory_reserved(device) / gib:.2f} GiB reserved, "
-            f"peak {torch.cuda.max_memory_allocated(device) / gib:.2f} GiB, "
-            f"{free / gib:.2f} of {total / gib:.2f} GiB free"
-        )
-    return f"host memory: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20):.2f} GiB"
 
 
 class Trainer:

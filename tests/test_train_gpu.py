@@ -15,7 +15,8 @@ from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer
 from tasks.params import TrainParams
 from tasks.precision import resolve_precision
-from tasks.trainer import Progress, Trainer
+from tasks.runstate import Progress
+from tasks.trainer import Trainer
 from tests.test_train import PARAMS, make_shards
 from tests.test_train_step import SPEC, Net, batch
 

@@ -19,7 +19,8 @@ from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer, freeze_backbone, set_train_mode, warmup_cosine
 from tasks.params import TrainParams
 from tasks.precision import resolve_precision
-from tasks.trainer import NonFiniteError, Progress, Trainer
+from tasks.runstate import Progress
+from tasks.trainer import NonFiniteError, Trainer
 
 CPU = torch.device("cpu")
 SPEC = PreprocessSpec(image_size=8, mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), class_names=("a", "b", "c"))

@@ -1,0 +1,57 @@
+"""The training loop's state and its seeding: `Progress` (where the loop is and what it has counted,
+saved whole in every checkpoint), one step's `StepOutcome`, and `seed_everything`, which makes two
+runs with the same params draw the same numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Progress:
+    """Where the loop is and what it has counted; saved whole in every checkpoint."""
+
+    step: int = 0  # global batches consumed (optimizer steps attempted), over all epochs
+    epoch: int = 0  # epoch in progress, 0-based
+    batch_in_epoch: int = 0
+    updates: int = 0  # optimizer steps that really happened
+    accumulation: int = 1  # doubles on each auto_batch halving
+    loss_sum: float = 0.0  # this epoch (this rank; all ranks' sums in a checkpoint)
+    correct: int = 0
+    count: int = 0
+    seen: torch.Tensor | None = None  # times each training sample was trained on this epoch
+    best: float | None = None
+    best_epoch: int = 0
+    scaler_skipped: int = 0
+    nonfinite: list[dict[str, Any]] = field(default_factory=list)
+    auto_batch: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    coverage: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss_sum: float
+    correct: int
+    count: int
+    grad_norm: float
+    applied: bool
+
+
+def seed_everything(seed: int, threads: int, device: torch.device) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS determinism needs it before init
+        torch.backends.cudnn.benchmark = False
+    # Some CUDA kernels (adaptive pooling backward) have no deterministic version: warn there, don't fail.
+    torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+    torch.set_num_threads(threads)
