@@ -17,28 +17,25 @@ from tasks.cli import StageError, stage_main
 from tasks.inference import score_split
 from tasks.io import atomic_file, read_json, write_json
 from tasks.params import Params, RegressionParams
-from tasks.regression import GateResult, Verdict, compare, format_table
+from tasks.parity import Check
+from tasks.regression import Verdict, compare, format_table
 
 log = logging.getLogger(__name__)
 
-GATE_FIELDS = {"name": str, "value": float, "op": str, "limit": float, "param": str, "passed": bool}
 
-
-def export_gates(export_report: Path) -> tuple[GateResult, ...]:
-    """The gates export measured but left to this verdict (onnx_int8.gates in export.json)."""
+def export_gates(export_report: Path) -> tuple[Check, ...]:
+    """The gates export measured but left to this verdict (onnx_int8.gates in export.json), judged
+    again here from value, operator and limit: a recorded `passed` is not taken on trust."""
     raw = read_json(export_report).get("onnx_int8", {}).get("gates", [])
     gates = []
     for i, gate in enumerate(raw):
-        if (
-            not isinstance(gate, dict)
-            or set(gate) != set(GATE_FIELDS)
-            or not all(isinstance(gate[k], t | int if t is float else t) for k, t in GATE_FIELDS.items())
-        ):
+        ok = isinstance(gate, dict) and all(isinstance(gate.get(k), str) for k in ("name", "param"))
+        ok = ok and gate.get("op") in (">=", "<=")
+        ok = ok and all(isinstance(gate.get(k), int | float) and not isinstance(gate.get(k), bool)
+                        for k in ("value", "limit"))  # fmt: skip
+        if not ok:
             raise StageError(f"{export_report}: onnx_int8.gates.{i} is not a gate record (got {gate!r})")
-        if gate["op"] not in (">=", "<="):
-            raise StageError(f"{export_report}: onnx_int8.gates.{i}.op must be >= or <= (got {gate['op']!r})")
-        ok = gate["value"] >= gate["limit"] if gate["op"] == ">=" else gate["value"] <= gate["limit"]
-        gates.append(GateResult(**{**gate, "passed": ok}))  # judged here again, not taken on trust
+        gates.append(Check(gate["name"], float(gate["value"]), gate["op"], float(gate["limit"]), gate["param"]))
     return tuple(gates)
 
 

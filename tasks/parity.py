@@ -32,6 +32,10 @@ class Check:
     def passed(self) -> bool:
         return self.value >= self.limit if self.op == ">=" else self.value <= self.limit
 
+    @property
+    def metric(self) -> str:  # the name a regression verdict lists it under
+        return self.name
+
     def describe(self) -> str:
         outcome = "ok" if self.passed else "FAIL"
         return f"{self.name} {self.value:.6g} (must be {self.op} export.{self.param} {self.limit:g}): {outcome}"

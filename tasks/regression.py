@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.params import Rule
+from tasks.parity import Check
 
 Value = float | str
 
@@ -44,37 +45,17 @@ class RuleResult:
 
 
 @dataclass(frozen=True)
-class GateResult:
-    """An export gate the export stage measured and recorded (export.json), enforced in this verdict."""
-
-    name: str  # e.g. onnx_int8.agreement
-    value: float
-    op: str  # ">=" or "<="
-    limit: float
-    param: str  # the export.* key of params.yaml that set `limit`
-    passed: bool
-
-    @property
-    def metric(self) -> str:
-        return self.name
-
-    def describe(self) -> str:
-        outcome = "ok" if self.passed else "FAIL"
-        return f"{self.name}: {self.value:.6g}, must be {self.op} export.{self.param} {self.limit:g}: {outcome}"
-
-
-@dataclass(frozen=True)
 class Verdict:
     passed: bool
     has_baseline: bool
     results: tuple[RuleResult, ...]
-    gates: tuple[GateResult, ...] = ()
+    gates: tuple[Check, ...] = ()
 
     @property
-    def failures(self) -> tuple[RuleResult | GateResult, ...]:
+    def failures(self) -> tuple[RuleResult | Check, ...]:
         return tuple(r for r in (*self.results, *self.gates) if not r.passed)
 
-    def with_gates(self, gates: Sequence[GateResult]) -> Verdict:
+    def with_gates(self, gates: Sequence[Check]) -> Verdict:
         """This verdict plus export gates: it passes only when they all pass too."""
         return Verdict(self.passed and all(g.passed for g in gates), self.has_baseline, self.results, tuple(gates))
 
@@ -83,7 +64,7 @@ class Verdict:
             "passed": self.passed,
             "has_baseline": self.has_baseline,
             "rules": [asdict(r) for r in self.results],
-            "export_gates": [asdict(g) for g in self.gates],
+            "export_gates": [g.to_json() for g in self.gates],
         }
 
 
