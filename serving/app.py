@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -203,7 +203,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
         ensure_ready()
         return {"status": "ready", "model": state.info.model_dump()}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # documented as text/plain, which it is
     async def metrics_endpoint() -> Response:
         """Prometheus text format."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
