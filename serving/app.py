@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_reason
 from serving.model import ModelSource, load_production_model
@@ -76,7 +77,8 @@ class ErrorBody(BaseModel):
     detail: str
 
 
-ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (413, 415, 422, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 415, 422, 503)}
+PLAIN_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}
 
 
 @dataclass
@@ -138,10 +140,15 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
         return _error(STATUS_BY_REASON.get(exc.reason, 422), exc.reason, str(exc), request)
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        reason = exc.detail if isinstance(exc.detail, str) else "http_error"
-        return _error(exc.status_code, reason.split(":")[0], str(exc.detail), request)
+    # Starlette's class: it also catches what the framework raises itself (a malformed multipart
+    # body, an unknown route), so every error has the same {"error", "detail"} body.
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = str(exc.detail)
+        code, _, rest = detail.partition(": ")
+        if rest and code.isidentifier():  # ours: "reason_code: what happened"
+            return _error(exc.status_code, code, detail, request)
+        return _error(exc.status_code, PLAIN_REASONS.get(exc.status_code, "http_error"), detail, request)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

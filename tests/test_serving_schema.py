@@ -1,5 +1,5 @@
 """schemathesis against the served OpenAPI schema: generated requests to every endpoint, no 5xx, and
-every response in the documented content type and schema.
+every response with a documented status code, content type and schema.
 
 A real uvicorn on 127.0.0.1 with the tiny model of tests/test_serving.py; hypothesis draws bodies,
 file parts and headers from the schema (max_examples per operation below keeps it under a minute).
@@ -13,9 +13,16 @@ from pathlib import Path
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
-from schemathesis.checks import content_type_conformance, not_a_server_error, response_schema_conformance
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.test_serving import project, running_server  # noqa: F401 - the module-scoped model fixture
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +40,6 @@ def test_no_generated_request_gets_a_server_error(api_schema: schemathesis.BaseS
         @given(case=operation.as_strategy())
         @settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
         def check(case: schemathesis.Case) -> None:
-            case.call_and_validate(checks=[not_a_server_error, content_type_conformance, response_schema_conformance])
+            case.call_and_validate(checks=CHECKS)
 
         check()
