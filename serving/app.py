@@ -110,9 +110,11 @@ def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> N
     log.info("serving %s (%s, sha256 %s), warm", source.path, source.source, model.sha256)
 
 
-def _error(code: int, reason: str, detail: str, request: Request) -> JSONResponse:
+def _error(
+    code: int, reason: str, detail: str, request: Request, headers: dict[str, str] | None = None
+) -> JSONResponse:
     set_reason(request.scope, reason)
-    return JSONResponse({"error": reason, "detail": detail}, status_code=code)
+    return JSONResponse({"error": reason, "detail": detail}, status_code=code, headers=headers)
 
 
 def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
@@ -146,9 +148,9 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = str(exc.detail)
         code, _, rest = detail.partition(": ")
-        if rest and code.isidentifier():  # ours: "reason_code: what happened"
-            return _error(exc.status_code, code, detail, request)
-        return _error(exc.status_code, PLAIN_REASONS.get(exc.status_code, "http_error"), detail, request)
+        if not (rest and code.isidentifier()):  # ours read "reason_code: what happened"
+            code = PLAIN_REASONS.get(exc.status_code, "http_error")
+        return _error(exc.status_code, code, detail, request, exc.headers)  # keeps a 405's Allow header
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

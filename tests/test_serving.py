@@ -187,6 +187,9 @@ def test_request_shape_errors_are_4xx_with_json(client: TestClient, project: Pat
     assert "multipart" in broken.json()["detail"]
     nope = client.get("/nope")
     assert nope.status_code == 404 and nope.json()["error"] == "not_found"
+    wrong_method = client.request("TRACE", "/health")
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"] == "method_not_allowed"
+    assert wrong_method.headers["allow"] == "GET"  # RFC 9110: a 405 names the methods that work
 
 
 def test_metrics_count_requests_errors_and_confidence(client: TestClient, project: Path) -> None:
