@@ -35,8 +35,7 @@ def run(
 ) -> EvaluateResult:
     model, spec, _ = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
-    if tuple(test.class_names) != spec.class_names:
-        raise ValueError(f"{model_path}: classes {spec.class_names} differ from the shards' {test.class_names}")
+    test.require_classes(spec.class_names, model_path)
     logits = predict_logits(model, test.all_images(), spec, params.batch_size)
     metrics = classification_metrics(logits, test.labels, spec.class_names)
     predicted = logits.argmax(axis=1)

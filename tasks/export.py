@@ -216,8 +216,7 @@ def run(
 ) -> ExportResult:
     model, spec, payload = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
-    if tuple(test.class_names) != spec.class_names:
-        raise StageError(f"{model_path}: classes {spec.class_names} differ from {shard_dir}'s {test.class_names}")
+    test.require_classes(spec.class_names, model_path)
     metadata = {
         "preprocess_spec": spec.model_dump_json(),
         "class_names": json.dumps(list(spec.class_names)),

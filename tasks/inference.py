@@ -149,10 +149,7 @@ def split_sha256(shard_dir: Path, split: str = "test") -> str:
 def score_split(model: OnnxModel, shard_dir: Path, split: str = "test", batch_size: int = 256) -> dict[str, Any]:
     """The model's classification metrics on one split (metrics.json's keys) plus the split's identity."""
     data = ShardSplit.open(shard_dir, split)
-    if tuple(data.class_names) != model.class_names:
-        raise ValueError(
-            f"{model.path}: classes {list(model.class_names)} differ from {shard_dir}'s {list(data.class_names)}"
-        )
+    data.require_classes(model.class_names, model.path)
     metrics = classification_metrics(model.logits(data.all_images(), batch_size), data.labels, model.class_names)
     return {**metrics, "test_set_sha256": split_sha256(shard_dir, split)}
 

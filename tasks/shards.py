@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from tasks.cli import StageError
 from tasks.io import read_json, sha256_file
 
 MANIFEST = "manifest.json"
@@ -28,8 +29,9 @@ FORMAT_VERSION = 2
 BATCH_BYTES = 64 << 20  # a record batch holds at most this much pixel data: bounds writer memory
 
 
-class ShardError(RuntimeError):
-    """A shard directory that is missing, incomplete or altered."""
+class ShardError(StageError):
+    """A shard directory that is missing, incomplete or altered, or not the one a model was made for:
+    a StageError, so a stage reports it in one line (exit 2), not as a traceback."""
 
 
 def shard_schema(image_size: int) -> pa.Schema:
@@ -174,6 +176,14 @@ class ShardSplit:
     labels: np.ndarray
     class_names: tuple[str, ...]
     offsets: np.ndarray
+    shard_dir: Path | None = None
+
+    def require_classes(self, class_names: Sequence[str], model: object) -> None:
+        """Refuse a model (named by `model`) whose class names, in order, are not this split's."""
+        if tuple(class_names) != self.class_names:
+            raise ShardError(
+                f"{model}: classes {list(class_names)} differ from {self.shard_dir}'s {list(self.class_names)}"
+            )
 
     @classmethod
     def open(cls, shard_dir: Path, split: str, *, verify: bool = True) -> ShardSplit:
@@ -193,6 +203,7 @@ class ShardSplit:
             labels=np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, np.int64),
             class_names=tuple(manifest["class_names"]),
             offsets=np.cumsum([0, *(len(block) for block in images)]),
+            shard_dir=shard_dir,
         )
 
     def __len__(self) -> int:

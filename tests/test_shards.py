@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from tasks import preprocess
 from tasks.augment import Augment, uniforms
+from tasks.cli import StageError
 from tasks.io import read_json
 from tasks.params import AugmentParams, ParamsError, PreprocessParams, parse_params
 from tasks.shards import ShardDataset, ShardError, ShardSplit, ShardWriter
@@ -149,3 +150,12 @@ def test_writer_output_depends_only_on_the_images(tmp_path: Path) -> None:
             writer.add(image, k % 3)
         entries.append(writer.close())
     assert entries[0] == entries[1] and [e["count"] for e in entries[0]] == [10, 10, 3]
+
+
+def test_a_model_of_other_classes_is_refused_as_a_stage_error(shards: Path) -> None:
+    split = ShardSplit.open(shards, "test")
+    split.require_classes(split.class_names, "models/model.pt")  # the same names, in order: accepted
+    wrong = tuple(reversed(split.class_names))
+    with pytest.raises(ShardError, match=rf"models/model.pt: classes .* differ from {shards}'s") as caught:
+        split.require_classes(wrong, "models/model.pt")
+    assert isinstance(caught.value, StageError)  # stage_main prints it in one line and exits 2
