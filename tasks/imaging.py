@@ -8,8 +8,8 @@ Bad bytes raise `ImageError` with a reason code (the same codes as the quarantin
 from __future__ import annotations
 
 import io
+import os
 import re
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -51,8 +51,11 @@ class PreprocessSpec(BaseModel):
     class_names: tuple[str, ...]
 
 
-def is_image_name(path: Path) -> bool:
-    return path.suffix.lower() in IMAGE_SUFFIXES and not path.name.startswith(".")
+def is_image_name(path: str | os.PathLike[str]) -> bool:
+    """An image by name: a known suffix (any case), not hidden. String operations only: discovery
+    calls this for every file of a folder."""
+    name = os.path.basename(os.fspath(path))
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES
 
 
 def _clean(exc: BaseException) -> str:

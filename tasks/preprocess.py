@@ -34,7 +34,6 @@ from tasks.validation import (
     class_folders,
     discover,
     hash_file,
-    size_file,
     worker_init,
 )
 from tasks.workpool import isolated_map
@@ -69,18 +68,18 @@ def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, 
 
 def _collect(
     source: Path, test_source: Path | None
-) -> tuple[tuple[str, ...], list[Candidate], list[dict[str, str]], tuple[tuple[str, Path], ...]]:
+) -> tuple[tuple[str, ...], list[Candidate], list[Hashed], list[dict[str, str]], tuple[tuple[str, Path], ...]]:
     class_names = class_folders(source, what="data.source")
     if len(class_names) < 2:
         raise StageError(f"data.source {source}: found {len(class_names)} class folders, need at least 2")
-    candidates, ignored = discover(source, role=SOURCE, class_names=class_names)
+    candidates, sizes, ignored = discover(source, role=SOURCE, class_names=class_names)
     roots = [(SOURCE, source)]
     if test_source is not None:
         _check_test_folder(source, test_source, class_names)
-        more, more_ignored = discover(test_source, role=TEST_SOURCE, class_names=class_names)
-        candidates, ignored = candidates + more, ignored + more_ignored
+        more, more_sizes, more_ignored = discover(test_source, role=TEST_SOURCE, class_names=class_names)
+        candidates, sizes, ignored = candidates + more, sizes + more_sizes, ignored + more_ignored
         roots.append((TEST_SOURCE, test_source))
-    return class_names, candidates, ignored, tuple(roots)
+    return class_names, candidates, sizes, ignored, tuple(roots)
 
 
 def _bar(items: Any, total: int, desc: str) -> Any:
@@ -92,7 +91,7 @@ def run(
 ) -> PreprocessResult:
     source = Path(source)
     test_source = Path(test_source) if test_source is not None else None
-    class_names, candidates, ignored, roots = _collect(source, test_source)
+    class_names, candidates, hashes, ignored, roots = _collect(source, test_source)
     spec = PreprocessSpec(
         image_size=params.image_size,
         interpolation=params.interpolation,
@@ -101,10 +100,9 @@ def run(
         class_names=class_names,
     )
     # Pass 1: duplicates are known before anything is decoded or written. Only files of equal size
-    # can have equal bytes, so only those are hashed here; every other file is read once, by the
-    # decode pass, which hashes the bytes it decodes. Threads suffice: reading and hashlib release
-    # the GIL, and hashing cannot crash on bad bytes.
-    hashes: list[Hashed] = [size_file(roots, item) for item in candidates]
+    # (discovery stats every candidate) can have equal bytes, so only those are hashed here; every
+    # other file is read once, by the decode pass, which hashes the bytes it decodes. Threads
+    # suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes.
     same_size = Counter(h.size for h in hashes if not h.error and h.size > 0)
     shared = [i for i, h in enumerate(hashes) if not h.error and same_size[h.size] > 1]
     chunks = [shared[start : start + 128] for start in range(0, len(shared), 128)]

@@ -26,7 +26,8 @@ MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.json"
 SPLITS = ("train", "val", "test")
 FORMAT_VERSION = 2
-BATCH_BYTES = 64 << 20  # a record batch holds at most this much pixel data: bounds writer memory
+BATCH_BYTES = 8 << 20  # pixel data per record batch: bounds writer memory, and shards are written as
+# results arrive rather than in one burst at the end (reads gather per row, so batch count costs nothing)
 
 
 class ShardError(StageError):
@@ -224,9 +225,9 @@ class ShardSplit:
         shape = self.images[0].shape[1:] if self.images else (3, 1, 1)
         out = np.empty((len(indices), *shape), dtype=np.uint8)
         blocks = np.searchsorted(self.offsets, indices, side="right") - 1
-        for block in np.unique(blocks):
-            rows = blocks == block
-            out[rows] = self.images[block][indices[rows] - self.offsets[block]]
+        rows = indices - self.offsets[blocks]
+        for k, (block, row) in enumerate(zip(blocks.tolist(), rows.tolist(), strict=True)):
+            out[k] = self.images[block][row]  # one row copy: as fast as fancy indexing, for any block count
         return out
 
     def all_images(self) -> np.ndarray:

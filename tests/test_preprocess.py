@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tasks.imaging import decode_image, resize_crop
 from tasks.io import read_json
 from tasks.params import AugmentParams, PreprocessParams
 from tasks.shards import ShardDataset, ShardError, ShardSplit
+from tasks.validation import SOURCE, discover
 from tests.conftest import make_imagefolder
 
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=16, val_fraction=0.2, test_fraction=0.2)
@@ -97,6 +99,28 @@ def test_missing_or_flat_source_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "flat").mkdir()
     with pytest.raises(preprocess.StageError, match="found 0 class folders"):
         preprocess.run(PARAMS, seed=1, source=tmp_path / "flat", out_dir=tmp_path / "out")
+
+
+def test_discovery_follows_links_once_and_ignores_what_is_not_a_file(tmp_path: Path) -> None:
+    root = tmp_path / "images"
+    make_imagefolder(root, classes=2, per_class=3)
+    (root / "class_0" / "nested").mkdir()
+    shutil.copy(root / "class_0" / sorted(os.listdir(root / "class_0"))[0], root / "class_0" / "nested" / "deep.png")
+    (root / "class_1" / "alias").symlink_to(root / "class_0" / "nested", target_is_directory=True)  # seen twice
+    (root / "class_0" / "nested" / "loop").symlink_to(root / "class_0", target_is_directory=True)  # a cycle
+    (root / "class_1" / "gone.jpg").symlink_to(root / "missing.jpg")  # broken link with an image name
+    os.mkfifo(root / "class_1" / "pipe.png")  # would block a reader forever
+    found, sizes, ignored = discover(root, role=SOURCE, class_names=("class_0", "class_1"))
+    paths = [c.path for c in found]
+    assert paths == sorted(paths) and len(paths) == len(set(paths))
+    assert "class_0/nested/deep.png" in paths and not any("alias" in p or "loop" in p for p in paths)
+    assert {i["path"]: i["reason"] for i in ignored} == {
+        "class_1/gone.jpg": "not_a_file",
+        "class_1/pipe.png": "not_a_file",
+    }
+    assert [h.size for h in sizes] == [(root / p).stat().st_size for p in paths]
+    result = preprocess.run(PARAMS, seed=1, source=root, out_dir=tmp_path / "out")  # the fifo is never opened
+    assert result.counts["ignored"] == 2 and result.counts["seen"] == len(paths) + 2
 
 
 def test_dataset_reads_shards_and_augments_reproducibly(imagefolder: Path, tmp_path: Path) -> None:
