@@ -17,6 +17,7 @@ import torch
 
 from tasks.augment import Augment
 from tasks.checkpoint import Checkpointer, RunIdentity, capture_rng
+from tasks.dataset import ShardDataset
 from tasks.distributed import World
 from tasks.faults import Faults
 from tasks.imaging import PreprocessSpec
@@ -27,7 +28,7 @@ from tasks.optim import Schedule, build_optimizer
 from tasks.params import load_params
 from tasks.precision import resolve_precision
 from tasks.runstate import Progress, seed_everything
-from tasks.shards import ShardDataset, load_manifest
+from tasks.shards import load_manifest
 from tasks.trainer import Trainer
 
 

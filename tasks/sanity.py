@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tasks.cli import StageError, stage_main
+from tasks.dataset import ShardDataset
 from tasks.distributed import World, resolve_device
 from tasks.faults import Faults
 from tasks.imaging import PreprocessSpec
@@ -27,7 +28,7 @@ from tasks.optim import Schedule, build_optimizer
 from tasks.params import Params, SanityParams, TrainParams, derive_seed
 from tasks.precision import resolve_precision
 from tasks.runstate import Progress, seed_everything
-from tasks.shards import ShardDataset, load_manifest
+from tasks.shards import load_manifest
 from tasks.trainer import NonFiniteError, Trainer
 
 log = logging.getLogger(__name__)

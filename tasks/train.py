@@ -21,6 +21,7 @@ from tasks import distributed
 from tasks.augment import Augment
 from tasks.checkpoint import Checkpointer, RunIdentity, load_init_weights, prune_runs, run_identity
 from tasks.cli import StageError, stage_main
+from tasks.dataset import ShardDataset
 from tasks.faults import Faults
 from tasks.imaging import PreprocessSpec
 from tasks.io import sha256_file, write_json
@@ -32,7 +33,7 @@ from tasks.params import Params, TrainParams, derive_seed, section_hash
 from tasks.plots import plot_history
 from tasks.precision import Precision, resolve_precision
 from tasks.runstate import Progress, seed_everything
-from tasks.shards import MANIFEST, ShardDataset, ShardSplit, load_manifest
+from tasks.shards import MANIFEST, ShardSplit, load_manifest
 from tasks.trainer import Trainer, validate
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,13 @@ import torch
 from PIL import Image
 
 from tasks import preprocess
+from tasks.dataset import ShardDataset
 from tasks.export import write_metadata
 from tasks.imaging import ImageError, PreprocessSpec
 from tasks.inference import ModelIntegrityError, ModelMetadataError, OnnxModel, score_split, split_sha256
 from tasks.io import read_json, sha256_file
 from tasks.models import build_model, load_model_file, normalize, predict_logits, save_model_file
-from tasks.shards import MANIFEST, ShardDataset, ShardSplit
+from tasks.shards import MANIFEST, ShardSplit
 from tests.conftest import make_imagefolder
 from tests.test_export import PARAMS, export_model
 

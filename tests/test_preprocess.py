@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +15,15 @@ from PIL import Image
 
 from tasks import preprocess
 from tasks.augment import Augment
+from tasks.dataset import ShardDataset
 from tasks.imaging import decode_image, resize_crop
 from tasks.io import read_json
 from tasks.params import AugmentParams, PreprocessParams
-from tasks.shards import ShardDataset, ShardError, ShardSplit
+from tasks.shards import ShardError, ShardSplit
 from tasks.validation import SOURCE, discover
 from tests.conftest import make_imagefolder
 
+ROOT = Path(__file__).resolve().parents[1]
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=16, val_fraction=0.2, test_fraction=0.2)
 
 
@@ -121,6 +125,14 @@ def test_discovery_follows_links_once_and_ignores_what_is_not_a_file(tmp_path: P
     assert [h.size for h in sizes] == [(root / p).stat().st_size for p in paths]
     result = preprocess.run(PARAMS, seed=1, source=root, out_dir=tmp_path / "out")  # the fifo is never opened
     assert result.counts["ignored"] == 2 and result.counts["seen"] == len(paths) + 2
+
+
+def test_preprocess_stage_does_not_import_torch() -> None:
+    """Shards are written with numpy and pyarrow alone: torch costs the stage a second of start-up
+    and makes the parent that the decoders fork from much bigger."""
+    code = "import sys, tasks.preprocess; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_dataset_reads_shards_and_augments_reproducibly(imagefolder: Path, tmp_path: Path) -> None:

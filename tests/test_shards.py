@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from tasks import preprocess
 from tasks.augment import Augment, uniforms
 from tasks.cli import StageError
+from tasks.dataset import ShardDataset
 from tasks.io import read_json
 from tasks.params import AugmentParams, ParamsError, PreprocessParams, parse_params
-from tasks.shards import ShardDataset, ShardError, ShardSplit, ShardWriter
+from tasks.shards import ShardError, ShardSplit, ShardWriter
 from tests.conftest import make_imagefolder
 
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=7, val_fraction=0.2, test_fraction=0.2)
