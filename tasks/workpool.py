@@ -1,22 +1,30 @@
 """A process pool whose results come back in input order and survive a worker that dies.
 
-`isolated_map(fn, items)` runs `fn` over `items` in worker processes. When a worker process is
-killed (a decoder segfault, the OOM killer), the chunk it held is rerun one item per task in a
-fresh pool, and the item that kills a worker again gets `crashed(item, detail)` as its result:
-one bad input never takes the run down.
+`isolated_map(fn, items)` runs `fn` over `items` in worker processes, in chunks. When a worker
+process is killed (a decoder segfault, the OOM killer), the chunk it was working on is rerun one
+item per process, and the item that kills a worker again gets `crashed(item, detail)` as its
+result: one bad input never takes the run down.
+
+The parent talks to each worker over its own pipe, from the calling thread alone. A
+ProcessPoolExecutor adds a feeder and a manager thread, and their hand-offs of the GIL cost the
+parent more CPU than the pickled results themselves: on 2 cores that CPU is taken from the
+decoders (bench/bench_data.py measures the stage with 1 and 2 workers).
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+AHEAD = 2  # chunks queued at each worker, so that it never waits for the parent between chunks
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -25,25 +33,50 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
-def _run_chunk(fn: Callable[[Any], Any], chunk: Sequence[Any]) -> list[Any]:
-    return [fn(item) for item in chunk]
+def _serve(
+    conn: Connection, fn: Callable[[Any], Any], initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
+) -> None:
+    """Worker loop: receive a chunk, send back ("ok", results) or ("error", exception, traceback)."""
+    if initializer is not None:
+        initializer(*initargs)
+    try:
+        while (chunk := conn.recv()) is not None:
+            try:
+                reply: tuple[Any, ...] = ("ok", [fn(item) for item in chunk])
+            except Exception as exc:  # a bug in fn, not bad data: re-raised in the parent
+                reply = ("error", exc, traceback.format_exc())
+            try:
+                conn.send(reply)
+            except BrokenPipeError:
+                raise
+            except Exception as exc:  # a result or exception that cannot be pickled: nothing was sent
+                failure = RuntimeError(f"a worker could not send its reply back: {type(exc).__name__}: {exc}")
+                conn.send(("error", failure, reply[2] if reply[0] == "error" else traceback.format_exc()))
+    except (EOFError, BrokenPipeError):
+        pass  # the parent is gone: nothing is waiting for results
 
 
-class _Pool:
-    def __init__(self, workers: int, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
-        self.args = (workers, initializer, initargs)
-        self.executor = self._start()
+class _Worker:
+    def __init__(self, ctx: Any, target: tuple[Any, ...]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve, args=(child, *target), daemon=True)
+        self.process.start()
+        child.close()
+        self.pending: deque[int] = deque()  # indices of the chunks sent to it, oldest first
 
-    def _start(self) -> ProcessPoolExecutor:
-        workers, initializer, initargs = self.args
-        return ProcessPoolExecutor(workers, mp_context=_context(), initializer=initializer, initargs=initargs)
+    def send(self, index: int, chunk: Sequence[Any]) -> None:
+        self.conn.send(chunk)  # chunks of work items are small: this never blocks on a full pipe
+        self.pending.append(index)
 
-    def restart(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
-        self.executor = self._start()
-
-    def submit(self, fn: Callable[[Any], Any], chunk: Sequence[Any]) -> Future[list[Any]]:
-        return self.executor.submit(_run_chunk, fn, chunk)
+    def stop(self, *, wait_for_exit: bool) -> None:
+        if wait_for_exit:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+        self.conn.close()
 
 
 def isolated_map(
@@ -58,32 +91,75 @@ def isolated_map(
 ) -> Iterator[R]:
     """Yield fn(item) for every item, in order. `fn` must be picklable (a module-level function or
     a functools.partial of one); exceptions it raises propagate, since they are bugs, not bad data."""
+    ctx = _context()
+    target = (fn, initializer, initargs)
     chunks = [items[start : start + chunksize] for start in range(0, len(items), chunksize)]
-    window = 4 * workers  # chunks in flight: bounds the memory held by finished-but-unread results
-    pool = _Pool(workers, initializer, initargs)
-    pending: deque[Future[list[Any]]] = deque()
+    window = 4 * workers  # chunks handed out beyond the one being yielded: bounds unread results
+    pool = [_Worker(ctx, target) for _ in range(min(workers, len(chunks)))]
+    done: dict[int, list[R]] = {}
+    handed_out = 0
+    finished = False
     try:
-        submitted = 0
-        for index, chunk in enumerate(chunks):
-            while submitted < len(chunks) and submitted < index + window:
-                pending.append(pool.submit(fn, chunks[submitted]))
-                submitted += 1
-            future = pending.popleft()
-            try:
-                results = future.result()
-            except BrokenProcessPool:
-                pool.restart()
-                results = [_one_by_one(pool, fn, item, crashed) for item in chunk]
-                # Everything else in flight died with the pool: send it again.
-                pending = deque(pool.submit(fn, chunks[k]) for k in range(index + 1, submitted))
-            yield from results
+        for index in range(len(chunks)):
+            while index not in done:
+                for k, worker in enumerate(pool):
+                    while len(worker.pending) < AHEAD and handed_out < min(len(chunks), index + window):
+                        try:
+                            worker.send(handed_out, chunks[handed_out])
+                        except OSError:  # it died since the last reply: settle what it held
+                            pool[k] = worker = _replace(ctx, target, worker, chunks, done, crashed)
+                            continue
+                        handed_out += 1
+                ready = wait([worker.conn for worker in pool if worker.pending])
+                for worker in [worker for worker in pool if worker.conn in ready]:
+                    try:
+                        reply = worker.conn.recv()
+                    except (EOFError, OSError):  # the worker died, on the oldest chunk it was sent
+                        pool[pool.index(worker)] = _replace(ctx, target, worker, chunks, done, crashed)
+                        continue
+                    if reply[0] == "error":
+                        _, exc, remote = reply
+                        exc.add_note(f"raised in a worker process:\n{remote}")
+                        raise exc
+                    done[worker.pending.popleft()] = reply[1]
+            yield from done.pop(index)
+        finished = True
     finally:
-        pool.executor.shutdown(wait=True, cancel_futures=True)
+        for worker in pool:
+            worker.stop(wait_for_exit=finished)
 
 
-def _one_by_one(pool: _Pool, fn: Callable[[T], R], item: T, crashed: Callable[[T, str], R]) -> R:
+def _replace(
+    ctx: Any,
+    target: tuple[Any, ...],
+    dead: _Worker,
+    chunks: list[Sequence[T]],
+    done: dict[int, list[R]],
+    crashed: Callable[[T, str], R],
+) -> _Worker:
+    """Settle the chunk a dead worker was on, one item per fresh process; hand its other chunks to
+    a new worker."""
+    dead.stop(wait_for_exit=False)
+    lost = list(dead.pending)
+    if lost:
+        done[lost[0]] = [_alone(ctx, target, item, crashed) for item in chunks[lost[0]]]
+    worker = _Worker(ctx, target)
+    for index in lost[1:]:
+        worker.send(index, chunks[index])
+    return worker
+
+
+def _alone(ctx: Any, target: tuple[Any, ...], item: T, crashed: Callable[[T, str], R]) -> R:
+    worker = _Worker(ctx, target)
     try:
-        return pool.submit(fn, [item]).result()[0]
-    except BrokenProcessPool:
-        pool.restart()
+        worker.send(0, [item])
+        reply = worker.conn.recv()
+    except (EOFError, OSError):
         return crashed(item, "the worker process died while reading this file")
+    finally:
+        worker.stop(wait_for_exit=True)
+    if reply[0] == "error":
+        _, exc, remote = reply
+        exc.add_note(f"raised in a worker process:\n{remote}")
+        raise exc
+    return reply[1][0]
