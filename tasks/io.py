@@ -134,8 +134,18 @@ def sha256_bytes(data: bytes) -> str:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
+    return sha256_and_size(path, chunk)[0]
+
+
+def sha256_and_size(path: Path, chunk: int = 1 << 20) -> tuple[str, int]:
+    """The file's sha256 and its size in bytes, streamed. os.open/os.read: a buffered file object
+    adds four system calls per file, which is most of the cost for 10,000 small images."""
+    digest, size = hashlib.sha256(), 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while block := os.read(fd, chunk):
             digest.update(block)
-    return digest.hexdigest()
+            size += len(block)
+    finally:
+        os.close(fd)
+    return digest.hexdigest(), size

@@ -17,7 +17,7 @@ from PIL import Image
 
 from tasks.cli import StageError
 from tasks.imaging import ImageError, PreprocessSpec, is_image_name, load_array
-from tasks.io import sha256_bytes, sha256_file
+from tasks.io import sha256_and_size, sha256_bytes
 
 SOURCE, TEST_SOURCE = "source", "test_source"
 
@@ -140,9 +140,9 @@ def _read(roots: tuple[tuple[str, Path], ...], item: Candidate) -> bytes:
 
 
 def hash_file(roots: tuple[tuple[str, Path], ...], item: Candidate) -> Hashed:
-    path = dict(roots)[item.root] / item.path
+    path = os.path.join(dict(roots)[item.root], item.path)
     try:  # streamed: a huge non-image file with an image name costs no memory here
-        return Hashed(sha256_file(path), path.stat().st_size)
+        return Hashed(*sha256_and_size(path))
     except OSError as exc:
         return Hashed("", -1, f"{type(exc).__name__}: {exc.strerror or exc}")
 
