@@ -109,6 +109,12 @@ def all_true(flag: bool) -> bool:
     return all_reduce_sum([0.0 if flag else 1.0])[0] == 0.0
 
 
+def barrier() -> None:
+    """Return once every rank has got here; nothing to wait for in one process."""
+    if _active():
+        dist.barrier()
+
+
 def broadcast_buffers(module: torch.nn.Module) -> None:
     """Rank 0's buffers (BatchNorm running statistics) everywhere. DDP copies them only at the start of
     each forward, so after the last step every rank holds its own; validation and the saved model use rank 0's."""

@@ -27,6 +27,7 @@ from tasks.distributed import (
     all_reduce_counts,
     all_reduce_sum,
     all_true,
+    barrier,
     broadcast_buffers,
 )
 from tasks.faults import Faults, FaultSpecError
@@ -206,20 +207,22 @@ class Trainer:
         sums = all_reduce_sum([progress.loss_sum, progress.correct, progress.count])
         state["loss_sum"], state["correct"], state["count"] = sums[0], int(sums[1]), int(sums[2])
         state["seen"] = all_reduce_counts(progress.seen) if progress.seen is not None else None
-        if not self.world.is_main:
-            return
-        assert self.epoch_generator_state is not None
-        checkpointer.save(
-            {
-                "model": {k: v.detach().cpu() for k, v in self.raw.state_dict().items()},
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "progress": state,
-                "rng": capture_rng(self.epoch_generator_state),
-            },
-            is_best=is_best,
-        )
+        if self.world.is_main:
+            assert self.epoch_generator_state is not None
+            checkpointer.save(
+                {
+                    "model": {k: v.detach().cpu() for k, v in self.raw.state_dict().items()},
+                    "optimizer": self.optimizer.state_dict(),
+                    "schedule": self.schedule.state_dict(),
+                    "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                    "progress": state,
+                    "rng": capture_rng(self.epoch_generator_state),
+                },
+                is_best=is_best,
+            )
+        # No rank runs past a checkpoint before it is on disk: when any rank dies later, the whole
+        # job resumes from this one (torchrun stops the other ranks, possibly mid-write otherwise).
+        barrier()
 
     def restore(self, payload: dict[str, Any], generator: torch.Generator) -> Progress:
         self.raw.load_state_dict(payload["model"])

@@ -30,11 +30,16 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def train_copy(prepared: Path, dest: Path, **train: Any) -> tuple[Path, subprocess.CompletedProcess[str]]:
+def configured_copy(prepared: Path, dest: Path, **train: Any) -> Path:
     repo = shutil.copytree(prepared, dest, symlinks=True)
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["train"].update(train)
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return repo
+
+
+def train_copy(prepared: Path, dest: Path, **train: Any) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    repo = configured_copy(prepared, dest, **train)
     proc = subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env_with_venv(),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -64,6 +69,32 @@ def test_two_processes_on_cpu_match_one(prepared: Path, tmp_path: Path) -> None:
     two, proc = train_copy(prepared, tmp_path / "two", nproc_per_node=2, device="cpu")
     assert "2 process(es), global batch 16 = 8 x 1 accumulation x 2" in proc.stdout
     check_two_process_run(two, one, proc)
+
+
+# Two processes, global batch 16; a checkpoint every 2 steps and at each epoch's end.
+RESUME = {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "nproc_per_node": 2, "device": "cpu"}
+
+
+def train_with_fault(repo: Path, fault: str) -> subprocess.CompletedProcess[str]:
+    env = {**env_with_venv(), "IMAGEPIPE_FAULT": fault}  # seen by every rank: the whole job dies (a preempted node)
+    return subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+def test_killed_two_process_run_resumes_to_the_same_weights(prepared: Path, tmp_path: Path) -> None:
+    plain, _ = train_copy(prepared, tmp_path / "plain", **RESUME)
+    steps = read_json(plain / "reports" / "train_run.json")["steps_per_epoch"]
+    repo = configured_copy(prepared, tmp_path / "killed", **RESUME)
+    killed = train_with_fault(repo, f"kill@step:{steps + 3}")  # mid-epoch 2, before its third step
+    assert killed.returncode != 0 and not (repo / "models" / "model.pt").exists(), killed.stdout[-2000:]
+    (ckpt_dir,) = (repo / "runs" / "checkpoints").iterdir()
+    step = torch.load(ckpt_dir / "last.pt", weights_only=True)["progress"]["step"]
+    assert steps < step < steps + 3  # a mid-epoch checkpoint, written before any rank ran on
+    resumed = train_with_fault(repo, "")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout and f"step {step} of {2 * steps}" in resumed.stdout, resumed.stdout
+    assert read_json(repo / "reports" / "train_run.json")["ranks_in_sync"] is True
+    assert (repo / "models" / "model.pt").read_bytes() == (plain / "models" / "model.pt").read_bytes()
 
 
 @pytest.mark.gpu
