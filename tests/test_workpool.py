@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 
 import pytest
 
@@ -36,6 +37,23 @@ def test_results_in_order_and_each_killer_costs_one_item(workers: int, chunksize
         isolated_map(_killed_by_some, list(range(40)), workers=workers, chunksize=chunksize, crashed=lambda i, why: -i)
     )
     assert results == [-i if i in KILLERS else i * 10 for i in range(40)]
+    assert multiprocessing.active_children() == []
+
+
+def _slow(item: int) -> int:
+    time.sleep(0.002)
+    return item * 10
+
+
+def test_workers_killed_from_outside_lose_nothing() -> None:
+    """The OOM killer picks a worker, busy or idle: its chunks are redone, every result arrives."""
+    results = []
+    for k, result in enumerate(isolated_map(_slow, list(range(300)), workers=2, chunksize=5, crashed=lambda i, w: -i)):
+        if k in (20, 150):
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, signal.SIGKILL)
+        results.append(result)
+    assert results == [i * 10 for i in range(300)]
     assert multiprocessing.active_children() == []
 
 
