@@ -1,9 +1,10 @@
 """An ImageFolder on disk -> candidate images, ignored files, and per-file hash and decode results.
 
 `discover` walks a root (root/<class>/.../<file>) and sorts every file it finds into candidates
-(image names inside a class folder) and ignored files (hidden, not an image by name, outside a
-class folder, not a regular file). `hash_file` and `check_file` run in worker processes
-(tasks.workpool) and turn any bad data into a result with a reason code, never an exception.
+(image names inside a class folder, with their sizes) and ignored files (hidden, not an image by
+name, outside a class folder, not a regular file). `hash_file` (threads, pass 1) and `check_file`
+(worker processes, tasks.workpool) turn any bad data into a result with a reason code, never an
+exception.
 """
 
 from __future__ import annotations
