@@ -4,7 +4,8 @@
 the same augmentation, one epoch each over the same (train-split) files, on one core
 (torch.set_num_threads(1), num_workers=0); for the pipeline's default augmentation (reflect-pad
 crop + flip) and for random-resized-crop + flip. Then the preprocess stage's throughput with 1 and
-2 worker processes. Images: --images DIR, else data/generated if it is there, else --count images
+2 worker processes, runs interleaved, each in a fresh interpreter like the stage itself
+(bench.stage_timer), first: its shards feed the loading half. Images: --images DIR, else data/generated if it is there, else --count images
 made by tasks.generate in a temporary directory.
 
     .venv/bin/python -m bench.bench_data [--images DIR] [--count 3000] [--repeats 3] [--json out.json]
@@ -17,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -29,7 +31,7 @@ import torchvision
 from torch.utils.data import DataLoader, Subset
 from torchvision import transforms as T
 
-from tasks import generate, preprocess
+from tasks import generate
 from tasks.augment import Augment
 from tasks.dataset import ShardDataset
 from tasks.io import read_json
@@ -68,17 +70,14 @@ class StageRun:
 
 
 def time_stage(params: PreprocessParams, images: Path, out: Path) -> StageRun:
-    """One run of the preprocess stage; CPU split between the main process and the decoders."""
-    self0, children0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    seen = preprocess.run(params, seed=42, source=images, out_dir=out).counts["seen"]
-    wall = time.perf_counter() - start
-    self1, children1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-
-    def cpu(a: resource.struct_rusage, b: resource.struct_rusage) -> float:
-        return (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
-
-    return StageRun(seen / wall, cpu(self0, self1), cpu(children0, children1))
+    """One run of the preprocess stage in a fresh interpreter (bench.stage_timer): this process has
+    torch loaded, the stage does not, and its decoders fork from it."""
+    command = [sys.executable, "-m", "bench.stage_timer", "--params", params.model_dump_json(),
+               "--images", str(images), "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"preprocess failed ({' '.join(command)}):\n{proc.stderr[-3000:]}")
+    return StageRun(**json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def epoch(loader: Iterable[tuple[torch.Tensor, torch.Tensor]], normalize: Callable | None = None) -> int:
