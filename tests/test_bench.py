@@ -1,0 +1,30 @@
+"""The data bench runs end to end on a small folder and reports what it promises (numbers are not
+asserted: speed is measured by running the bench, not by tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import env_with_venv, make_imagefolder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_data_reports_loading_and_preprocessing(tmp_path: Path) -> None:
+    images = make_imagefolder(tmp_path / "images", classes=3, per_class=30)
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "bench.bench_data", "--images", str(images), "--size", "16", "--repeats", "2",
+               "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ratio of the best runs" in proc.stdout and "random resized crop + flip" in proc.stdout
+    report = json.loads(out.read_text())
+    runs = report["preprocess_runs"]
+    assert sorted(runs) == ["1", "2"] and all(len(r) == 2 for r in runs.values())
+    for run in runs["1"] + runs["2"]:  # measured in the stage's own interpreter: its decoders did the work
+        assert run["rate"] > 0 and run["decoder_cpu"] > 0 and run["main_cpu"] > 0
+    for rates in report["loading_images_per_second"].values():
+        assert rates["imagefolder"] > 0 and rates["shards"] > 0
