@@ -110,7 +110,10 @@ def isolated_map(
                             pool[k] = worker = _replace(ctx, target, worker, chunks, done, crashed)
                             continue
                         handed_out += 1
-                ready = wait([worker.conn for worker in pool if worker.pending])
+                busy = [worker.conn for worker in pool if worker.pending]
+                if not busy:  # a replacement settled the awaited chunk itself: nothing to wait for
+                    continue
+                ready = wait(busy)
                 for worker in [worker for worker in pool if worker.conn in ready]:
                     try:
                         reply = worker.conn.recv()
