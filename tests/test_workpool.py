@@ -46,12 +46,16 @@ def _slow(item: int) -> int:
 
 
 def test_workers_killed_from_outside_lose_nothing() -> None:
-    """The OOM killer picks a worker, busy or idle: its chunks are redone, every result arrives."""
+    """The OOM killer picks a worker, busy (found by its pipe closing) or idle (found when the next
+    chunk is sent): its chunks are redone, every result arrives."""
     results = []
     for k, result in enumerate(isolated_map(_slow, list(range(300)), workers=2, chunksize=5, crashed=lambda i, w: -i)):
         if k in (20, 150):
+            if k == 150:
+                time.sleep(0.3)  # the workers finish what they were handed and wait, idle
             for child in multiprocessing.active_children():
                 os.kill(child.pid, signal.SIGKILL)
+                child.join(timeout=10)  # gone before the pool talks to it again
         results.append(result)
     assert results == [i * 10 for i in range(300)]
     assert multiprocessing.active_children() == []
