@@ -120,11 +120,7 @@ def isolated_map(
                     except (EOFError, OSError):  # the worker died, on the oldest chunk it was sent
                         pool[pool.index(worker)] = _replace(ctx, target, worker, chunks, done, crashed)
                         continue
-                    if reply[0] == "error":
-                        _, exc, remote = reply
-                        exc.add_note(f"raised in a worker process:\n{remote}")
-                        raise exc
-                    done[worker.pending.popleft()] = reply[1]
+                    done[worker.pending.popleft()] = _results(reply)
             yield from done.pop(index)
         finished = True
     finally:
@@ -161,8 +157,13 @@ def _alone(ctx: Any, target: tuple[Any, ...], item: T, crashed: Callable[[T, str
         return crashed(item, "the worker process died while reading this file")
     finally:
         worker.stop(wait_for_exit=True)
+    return _results(reply)[0]
+
+
+def _results(reply: tuple[Any, ...]) -> list[Any]:
+    """A worker's results, or the exception fn raised there, re-raised here with its traceback."""
     if reply[0] == "error":
         _, exc, remote = reply
         exc.add_note(f"raised in a worker process:\n{remote}")
         raise exc
-    return reply[1][0]
+    return reply[1]
