@@ -5,8 +5,8 @@ the same augmentation, one epoch each over the same (train-split) files, on one 
 (torch.set_num_threads(1), num_workers=0); for the pipeline's default augmentation (reflect-pad
 crop + flip) and for random-resized-crop + flip. Then the preprocess stage's throughput with 1 and
 2 worker processes, runs interleaved, each in a fresh interpreter like the stage itself
-(bench.stage_timer), first: its shards feed the loading half. Images: --images DIR, else data/generated if it is there, else --count images
-made by tasks.generate in a temporary directory.
+(bench.stage_timer), first: its shards feed the loading half. Images: --images DIR, else
+data/generated if it is there, else --count images made by tasks.generate in a temporary directory.
 
     .venv/bin/python -m bench.bench_data [--images DIR] [--count 3000] [--repeats 3] [--json out.json]
 
