@@ -67,6 +67,17 @@ def env_with_venv() -> dict[str, str]:
     return env
 
 
+def run_train(repo: Path, fault: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m tasks.train` in `repo`, with IMAGEPIPE_FAULT set to `fault` (tasks.faults) or unset.
+    Under DDP every rank sees it: the whole job dies, as on a preempted node."""
+    env = env_with_venv()
+    env.pop("IMAGEPIPE_FAULT", None)
+    if fault:
+        env["IMAGEPIPE_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
 def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, cwd=cwd, env=env_with_venv(), capture_output=True, text=True)
     if check and proc.returncode != 0:

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from tasks.io import read_json
-from tests.conftest import dvc, env_with_venv, make_imagefolder, make_project
+from tests.conftest import dvc, env_with_venv, make_imagefolder, make_project, run_train
 
 # Classes told apart by colour: both runs should learn them, so their accuracies are comparable.
 TRAIN = {"arch": "resnet18", "epochs": 3, "batch_size": 16, "optimizer": "adamw", "lr": 0.001, "threads": 1}
@@ -75,22 +75,16 @@ def test_two_processes_on_cpu_match_one(prepared: Path, tmp_path: Path) -> None:
 RESUME = {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "nproc_per_node": 2, "device": "cpu"}
 
 
-def train_with_fault(repo: Path, fault: str) -> subprocess.CompletedProcess[str]:
-    env = {**env_with_venv(), "IMAGEPIPE_FAULT": fault}  # seen by every rank: the whole job dies (a preempted node)
-    return subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-
-
 def test_killed_two_process_run_resumes_to_the_same_weights(prepared: Path, tmp_path: Path) -> None:
     plain, _ = train_copy(prepared, tmp_path / "plain", **RESUME)
     steps = read_json(plain / "reports" / "train_run.json")["steps_per_epoch"]
     repo = configured_copy(prepared, tmp_path / "killed", **RESUME)
-    killed = train_with_fault(repo, f"kill@step:{steps + 3}")  # mid-epoch 2, before its third step
+    killed = run_train(repo, f"kill@step:{steps + 3}")  # every rank: mid-epoch 2, before its third step
     assert killed.returncode != 0 and not (repo / "models" / "model.pt").exists(), killed.stdout[-2000:]
     (ckpt_dir,) = (repo / "runs" / "checkpoints").iterdir()
     step = torch.load(ckpt_dir / "last.pt", weights_only=True)["progress"]["step"]
     assert steps < step < steps + 3  # a mid-epoch checkpoint, written before any rank ran on
-    resumed = train_with_fault(repo, "")
+    resumed = run_train(repo)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming from" in resumed.stdout and f"step {step} of {2 * steps}" in resumed.stdout, resumed.stdout
     assert read_json(repo / "reports" / "train_run.json")["ranks_in_sync"] is True

@@ -15,20 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import dvc, env_with_venv, make_project
+from tests.conftest import dvc, env_with_venv, make_project, run_train
 
 # 69 training images, global batch 16: 4 steps per epoch, 8 in all; checkpoints after steps 2 (mid-epoch),
 # 4 (epoch end), 6 (mid-epoch) and 8 (end). mobilenet_v3_small: small checkpoints, and its dropout draws
 # from the global torch RNG, so a resume that did not restore it would end with other weights.
 UPDATE = {"train": {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "device": "cpu"}}
-
-
-def run_train(repo: Path, fault: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = env_with_venv()
-    env.pop("IMAGEPIPE_FAULT", None)
-    if fault:
-        env["IMAGEPIPE_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env, capture_output=True, text=True)
 
 
 def md5(path: Path) -> str:
