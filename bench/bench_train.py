@@ -27,6 +27,7 @@ from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer
 from tasks.params import load_params
 from tasks.precision import resolve_precision
+from tasks.recipe import resolve
 from tasks.runstate import Progress, seed_everything
 from tasks.shards import load_manifest
 from tasks.trainer import Trainer
@@ -43,6 +44,7 @@ def main() -> None:
     seed_everything(0, p.train.threads or torch.get_num_threads(), cpu)
     spec = PreprocessSpec.model_validate(load_manifest(shards)["spec"])
     data = ShardDataset(shards, "train", augment=Augment(p.train.augment), seed=0)
+    p = p.model_copy(update={"train": resolve(p.train, len(data)).params})  # the batch and lr the stage would use
     gen = torch.Generator().manual_seed(0)
     sampler = StepSampler(len(data), p.train.batch_size, World(), gen)
     loader = make_loader(data, sampler, num_workers=p.train.num_workers, pin_memory=False, generator=gen)

@@ -6,6 +6,7 @@ those sections as the stage's params, so DVC reruns a stage whenever a value it 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -26,6 +27,7 @@ class Section(BaseModel):
 
 
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+Auto = Literal["auto"]  # chosen from the data at run time (tasks/recipe.py); a number is used as written
 
 
 class Paths(Section):
@@ -121,23 +123,44 @@ class AugmentParams(Section):
         return self
 
 
+class RecipeParams(Section):
+    """What `auto` means for train.batch_size, lr, epochs and warmup_epochs (tasks/recipe.py)."""
+
+    min_steps: int = Field(400, ge=1, description="epochs: auto trains at least this many optimizer steps")
+    min_epochs: int = Field(6, ge=1, description="epochs: auto trains at least this many epochs")
+    max_batch: int = Field(64, ge=1, description="batch_size: auto is at most this (and the reference of base_lr)")
+    min_batch: int = Field(8, ge=1, description="batch_size: auto is at least this (BatchNorm), the split permitting")
+    min_steps_per_epoch: int = Field(8, ge=1, description="batch_size: auto leaves an epoch at least this many steps")
+    base_lr_sgd: float = Field(0.1, gt=0, description="lr: auto = this x batch_size / max_batch, for sgd")
+    base_lr_adamw: float = Field(0.001, gt=0, description="lr: auto = this x batch_size / max_batch, for adamw")
+    warmup_fraction: float = Field(0.0833, ge=0, lt=1, description="warmup_epochs: auto = epochs x this")
+
+    @model_validator(mode="after")
+    def _batches(self) -> RecipeParams:
+        if self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch ({self.min_batch}) is larger than max_batch ({self.max_batch})")
+        return self
+
+
 class TrainParams(Section):
     """The train stage. batch_size is the global batch of one optimizer step, whatever the number of
     processes and accumulation steps: per-process micro-batch = batch_size / (processes x accumulation)."""
 
     arch: Literal["resnet18", "resnet34", "resnet50", "mobilenet_v3_small"] = "resnet18"
-    epochs: int = Field(6, ge=1)
-    batch_size: int = Field(64, ge=1, description="global batch per optimizer step")
+    epochs: Annotated[int, Field(ge=1)] | Auto = Field("auto", description="auto: see recipe")
+    batch_size: Annotated[int, Field(ge=1)] | Auto = Field("auto", description="global batch per optimizer step")
     accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step and process")
     optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(0.1, gt=0, description="learning rate of the head; the backbone's is lr x backbone_lr_scale")
+    lr: Annotated[float, Field(gt=0)] | Auto = Field(
+        "auto", description="learning rate of the head; the backbone's is lr x backbone_lr_scale"
+    )
     backbone_lr_scale: float = Field(1.0, gt=0, description="backbone lr relative to the head's (fine-tuning: < 1)")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (Nesterov when > 0)")
     weight_decay: float = Field(5e-4, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     clip_grad_norm: float = Field(0.0, ge=0, description="max global norm of the unscaled gradients; 0 = off")
     scheduler: Literal["cosine", "step", "plateau"] = Field("cosine", description="lr schedule after the warmup")
-    warmup_epochs: float = Field(0.5, ge=0, description="linear warmup before the schedule")
+    warmup_epochs: Annotated[float, Field(ge=0)] | Auto = Field("auto", description="linear warmup before the schedule")
     step_epochs: float = Field(2.0, gt=0, description="step: lr x gamma every step_epochs")
     gamma: float = Field(0.1, gt=0, lt=1, description="lr factor of the step and plateau schedulers")
     plateau_patience: int = Field(1, ge=0, description="plateau: epochs without improvement before lowering lr")
@@ -164,11 +187,12 @@ class TrainParams(Section):
     num_workers: int = Field(0, ge=0)
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores (shared between processes)")
     augment: AugmentParams = AugmentParams()
+    recipe: RecipeParams = RecipeParams()
 
     @model_validator(mode="after")
     def _batch_splits(self) -> TrainParams:
         parts = self.nproc_per_node * self.accumulation_steps
-        if self.batch_size % parts:
+        if self.batch_size != "auto" and self.batch_size % parts:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be divisible by nproc_per_node ({self.nproc_per_node}) "
                 f"x accumulation_steps ({self.accumulation_steps})"
@@ -272,10 +296,33 @@ class Params(Section):
     serve: ServeParams = ServeParams()
 
 
+def _known_keys(loc: tuple[object, ...]) -> list[str]:
+    """The keys params.yaml may hold at the level of `loc` (a key path ending in the unknown key)."""
+    model: type[BaseModel] = Params
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+
+
+_UNION_TAGS = {"int", "float", "str", "bool", "none"}  # pydantic's names for the members of a union in an error loc
+
+
+def _key_path(loc: tuple[object, ...]) -> tuple[object, ...]:
+    """The params.yaml keys of an error location, without pydantic's union-member tags
+    (`train.lr.constrained-float` -> `train.lr`)."""
+    return tuple(p for p in loc if not isinstance(p, str) or (p.isidentifier() and p not in _UNION_TAGS))
+
+
 def _describe(error: dict) -> str:
     key = ".".join(str(part) for part in error["loc"]) or "<top level>"
     if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key"
+        close = difflib.get_close_matches(str(error["loc"][-1]), _known_keys(error["loc"]), n=1, cutoff=0.6)
+        prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+        return f"{key}: unknown key" + (f"; did you mean {prefix}{close[0]}?" if close else "")
     return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 
@@ -283,7 +330,15 @@ def parse_params(raw: object, source: str = "params.yaml") -> Params:
     try:
         return Params.model_validate(raw if raw is not None else {})
     except ValidationError as exc:
-        lines = "\n  ".join(_describe(err) for err in exc.errors())
+        # A value refused by every member of `number | "auto"` is one line: "... greater than 0, or 'auto'".
+        merged: dict[tuple[object, ...], dict] = {}
+        for err in sorted(exc.errors(), key=lambda e: e["type"] == "literal_error"):
+            loc = _key_path(err["loc"])
+            if loc in merged:
+                merged[loc]["msg"] += ", or " + err["msg"].removeprefix("Input should be ")
+            else:
+                merged[loc] = {**err, "loc": loc}
+        lines = "\n  ".join(_describe(err) for err in merged.values())
         raise ParamsError(f"{source}: invalid params\n  {lines}") from None
 
 

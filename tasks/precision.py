@@ -1,7 +1,9 @@
 """Precision as a value: (train.precision, device) -> autocast context + GradScaler (fp16 only) or None.
 
-auto means bf16 wherever it is native (CPUs with AVX-512 bf16/AMX, Ampere+ GPUs), fp16 + GradScaler on
-older GPUs. fp16 also runs on CPU (slowly); the tests use it there to exercise the scaler's skip path.
+auto means bf16 wherever it is native (CPUs with AVX-512 bf16 or AMX, Ampere+ GPUs), fp16 + GradScaler
+on older GPUs, and fp32 on CPUs without native bf16: there bf16 is emulated, and a resnet18 step at
+64 px ran 2.3x slower than fp32 (61 vs 140 img/s at batch 64, 2 cores). fp16 also runs on CPU
+(slowly); the tests use it there to exercise the scaler's skip path.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.name == "fp16" else None
 
 
+def cpu_has_native_bf16() -> bool:
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def resolve_precision(requested: str, device: torch.device) -> Precision:
     if requested == "auto":
-        requested = "fp16" if device.type == "cuda" and not torch.cuda.is_bf16_supported() else "bf16"
+        if device.type == "cuda":
+            requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            requested = "bf16" if cpu_has_native_bf16() else "fp32"
     return Precision(requested, device.type)

@@ -9,7 +9,6 @@ constant learning rate. Not a DVC stage: a check people run by hand (`make sanit
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer
 from tasks.params import Params, SanityParams, TrainParams, derive_seed
 from tasks.precision import resolve_precision
-from tasks.runstate import Progress, seed_everything
+from tasks.runstate import Progress, cpu_threads, seed_everything
 from tasks.shards import load_manifest
 from tasks.trainer import NonFiniteError, Trainer
 
@@ -48,7 +47,7 @@ class SanityResult:
 def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path, report_path: Path) -> SanityResult:
     seed = derive_seed(seed, "sanity")
     device = resolve_device(train.device, World())
-    seed_everything(seed, train.threads or os.cpu_count() or 1, device)
+    seed_everything(seed, cpu_threads(train.threads, 1), device)
     spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
     dataset = ShardDataset(shard_dir, "train", augment=None, seed=seed)
     batch = min(sanity.batch_size, len(dataset))
@@ -59,7 +58,7 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
     # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
     recipe = train.model_copy(
         update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
-                "nonfinite": "abort"}
+                "nonfinite": "abort", "batch_size": batch, "epochs": 1}
     )  # fmt: skip
     model = build_model(recipe.arch, len(spec.class_names)).to(device)
     optimizer = build_optimizer(model, recipe)

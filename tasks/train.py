@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,8 @@ from tasks.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.params import Params, TrainParams, derive_seed, section_hash
 from tasks.plots import plot_history
 from tasks.precision import Precision, resolve_precision
-from tasks.runstate import Progress, seed_everything
+from tasks.recipe import Recipe, resolve
+from tasks.runstate import Progress, cpu_threads, seed_everything, warn_if_cores_busy
 from tasks.shards import MANIFEST, ShardSplit, load_manifest
 from tasks.trainer import Trainer, validate
 
@@ -105,10 +105,18 @@ def _train(
     run_meta_path: Path,
 ) -> TrainResult:
     seed = derive_seed(seed, "train")
-    seed_everything(seed, params.threads or max(1, (os.cpu_count() or 1) // world.local_size), device)
+    threads = cpu_threads(params.threads, world.local_size)
+    if world.is_main and device.type == "cpu":
+        warn_if_cores_busy(threads, world.local_size)
+    seed_everything(seed, threads, device)
     faults = Faults.from_env()
     spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
     train_set = ShardDataset(shard_dir, "train", augment=Augment(params.augment), seed=seed)
+    recipe = resolve(params, len(train_set), world.size)
+    params = recipe.params  # every `auto` replaced by its value from here on
+    log.info("recipe: %s", recipe.summary())
+    for reason in recipe.reasons():
+        log.info("  %s", reason)
     val = ShardSplit.open(shard_dir, "val")
     val_images = val.all_images()
     generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
@@ -179,19 +187,20 @@ def _train(
         save_model_file(model_path, trainer.raw, arch=params.arch, spec=spec, provenance=prov)
         write_json(history_path, progress.history)
         plot_history(progress.history, plot_path)
-        meta = run_metadata(params, identity, precision, world, sampler, progress, transfer, frozen, in_sync)
+        meta = run_metadata(params, recipe, identity, precision, world, sampler, progress, transfer, frozen, in_sync)
         write_json(run_meta_path, meta)
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run_dir / "profile.json", {**profile, "resumed_from_step": resumed_from})
         for folder in prune_runs(checkpoint_dir, keep=params.keep_checkpoint_runs, current=identity.name):
             log.info("removed the checkpoints of an older run: %s (train.keep_checkpoint_runs %d)",
                      folder, params.keep_checkpoint_runs)  # fmt: skip
-    return TrainResult(model_path, progress.history[-1]["val_accuracy"], params.epochs,
+    return TrainResult(model_path, progress.history[-1]["val_accuracy"], int(params.epochs),
                        profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
 
 
 def run_metadata(
     params: TrainParams,
+    recipe: Recipe,
     identity: RunIdentity,
     precision: Precision,
     world: distributed.World,
@@ -206,6 +215,7 @@ def run_metadata(
         "run": identity.name,
         "params_sha256": identity.params_sha256,
         "data_sha256": identity.data_sha256,
+        "recipe": recipe.to_json(),
         "device": precision.device_type,
         "precision": precision.name,
         "processes": world.size,

@@ -18,7 +18,7 @@ from tasks.models import build_model, load_model_file, save_model_file, unwrap
 from tasks.monitor import Monitor
 from tasks.optim import Schedule, build_optimizer, freeze_backbone, set_train_mode, warmup_cosine
 from tasks.params import TrainParams
-from tasks.precision import resolve_precision
+from tasks.precision import cpu_has_native_bf16, resolve_precision
 from tasks.runstate import Progress
 from tasks.trainer import NonFiniteError, Trainer
 
@@ -223,7 +223,8 @@ def test_planted_oom_halves_the_micro_batch_and_keeps_the_update() -> None:
 
 
 def test_precision_values() -> None:
-    assert resolve_precision("auto", CPU).name == "bf16"
+    # auto: bf16 only where the CPU has it natively (emulated bf16 trains 2.3x slower than fp32)
+    assert resolve_precision("auto", CPU).name == ("bf16" if cpu_has_native_bf16() else "fp32")
     assert resolve_precision("fp32", CPU).make_scaler() is None
     assert resolve_precision("bf16", CPU).make_scaler() is None
     assert isinstance(resolve_precision("fp16", CPU).make_scaler(), torch.amp.GradScaler)
