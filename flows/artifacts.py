@@ -39,7 +39,7 @@ def flatten(obj: Any, prefix: str = "") -> list[dict[str, Any]]:
 
 
 def verdict_markdown(verdict: Verdict, *, title: str, notes: list[str] | None = None) -> str:
-    status = "REGRESSION" if not verdict.passed else ("PASS" if verdict.has_baseline else "no baseline")
+    status = verdict.status.upper()
     lines = [f"# {title}: {status}", "", *[f"- {note}" for note in notes or []], ""]
     return "\n".join([*lines, format_table(verdict, markdown=True), ""])
 
@@ -67,6 +67,14 @@ def publish_nightly(verdict: Verdict, notes: list[str]) -> None:
         verdict_markdown(verdict, title="Production model vs baseline", notes=notes),
         key=KEYS["nightly"],
         description="regression-flow: the production model scored on the fixed test set",
+    )
+
+
+def publish_no_baseline(message: str) -> None:
+    create_markdown_artifact(
+        f"# Production model vs baseline: NO BASELINE\n\n{message}\n",
+        key=KEYS["nightly"],
+        description="regression-flow: nothing promoted yet, nothing checked",
     )
 
 

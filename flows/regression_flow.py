@@ -15,8 +15,9 @@ from typing import Any
 
 import dvc.api
 from prefect import flow, get_run_logger, task
+from prefect.states import Failed, State
 
-from flows.artifacts import publish_integrity_failure, publish_nightly
+from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
 from tasks.baseline import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, load_baseline
 from tasks.inference import ModelIntegrityError, OnnxModel, score_split
 from tasks.io import read_json
@@ -70,7 +71,7 @@ def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str,
 
 
 @flow(name="regression-flow", log_prints=True)
-def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[str, Any]:
+def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[str, Any] | State:
     """Score the production model on the fixed test set and compare it with the promoted baseline.
 
     `revision` (a git commit, branch or tag) scores paths.onnx as of that revision instead of the
@@ -81,7 +82,12 @@ def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[st
     params = load_params(repo / PARAMS_FILE)
     baseline = load_baseline(repo / params.paths.baseline)
     if baseline is None:
-        raise FileNotFoundError(f"{repo / params.paths.baseline / BASELINE_METRICS}: no baseline; make promote first")
+        # Not a crash: nothing was promoted yet. The run says so as its state message and artifact.
+        message = (f"no baseline yet: nothing to check ({repo / params.paths.baseline / BASELINE_METRICS} is absent); "
+                   "run `make promote` after a good train-flow/prod run, then commit baseline/")  # fmt: skip
+        publish_no_baseline(message)
+        logger.warning("%s", message)
+        return Failed(message=message)
     with tempfile.TemporaryDirectory(prefix="regression-flow-") as scratch:
         model = (
             _promoted_model(repo, params)

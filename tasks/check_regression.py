@@ -3,12 +3,15 @@
 The model that ships is scored through the serving path (tasks.inference) on the fixed test split
 and compared with the promoted baseline under params.yaml's rules; the export's deferred gates
 (INT8 vs fp32, recorded in export.json) are part of the same verdict. Exits 1 on any failed rule or
-gate. With no baseline yet the baseline rules pass and say so.
+gate, and on a baseline scored on another test set (one `different test set` line), except inside
+`dvc exp run`: there the verdict is recorded in reports/gate.json, a DVC metric that `dvc exp show`
+lists, and the experiment is kept. With no baseline yet the baseline rules pass and say so.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -48,6 +51,7 @@ def run(
     baseline_dir: Path,
     verdict_path: Path,
     table_path: Path,
+    gate_path: Path,
 ) -> Verdict:
     model = load_verified_model(onnx_path, export_report)
     try:
@@ -66,6 +70,7 @@ def run(
             "metrics": metrics,
         },
     )
+    write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "summary": verdict.summary()})
     table = format_table(verdict)
     with atomic_file(table_path, "w") as handle:
         handle.write(f"# Regression check\n\n`{onnx_path}` (sha256 `{model.sha256}`), scored on the test split, "
@@ -73,6 +78,11 @@ def run(
     log.info("%s (accuracy %.4f on %d test images) vs %s\n%s", onnx_path, metrics["accuracy"],
              metrics["num_samples"], baseline_path, table)  # fmt: skip
     return verdict
+
+
+def experiment_name() -> str | None:
+    """The experiment `dvc exp run` is running (DVC sets DVC_EXP_NAME for the stages' commands), if any."""
+    return os.environ.get("DVC_EXP_NAME") or None
 
 
 def _main(p: Params) -> None:
@@ -84,13 +94,21 @@ def _main(p: Params) -> None:
         baseline_dir=p.paths.baseline,
         verdict_path=p.paths.reports / "regression.json",
         table_path=p.paths.reports / "regression.md",
+        gate_path=p.paths.reports / "gate.json",
     )
-    if not verdict.passed:
-        names = ", ".join(dict.fromkeys(r.metric for r in verdict.failures))
-        details = "\n".join(f"  {r.describe()}" for r in verdict.failures)
-        against = f"against {p.paths.baseline}" if verdict.has_baseline else "(no baseline yet)"
-        print(f"[check_regression] REGRESSION: {names} failed {against}\n{details}", file=sys.stderr)
-        sys.exit(1)
+    if verdict.passed:
+        log.info("%s", verdict.summary())
+        return
+    details = "".join(f"\n  {r.describe()}" for r in verdict.failures) if not verdict.mismatch else ""
+    experiment = experiment_name()
+    if experiment:
+        # An experiment explores: a failed stage would make `dvc exp run` keep nothing, metrics included.
+        log.warning("%s%s\nexperiment %s: verdict '%s' recorded in %s (dvc exp show), not enforced; `dvc repro`, "
+                    "make run, train-flow/prod and the nightly enforce it", verdict.summary(), details, experiment,
+                    verdict.status, p.paths.reports / "gate.json")  # fmt: skip
+        return
+    print(f"[check_regression] {verdict.summary()}{details}", file=sys.stderr)
+    sys.exit(1)
 
 
 def main() -> None:

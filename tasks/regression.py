@@ -50,6 +50,27 @@ class Verdict:
     has_baseline: bool
     results: tuple[RuleResult, ...]
     gates: tuple[Check, ...] = ()
+    mismatch: str = ""  # the baseline was scored on other test images or classes: how they differ
+
+    @property
+    def status(self) -> str:
+        """pass | regression | different test set | no baseline: one word for tables and dvc exp show."""
+        if self.mismatch:
+            return "different test set"
+        if not self.passed:
+            return "regression"
+        return "pass" if self.has_baseline else "no baseline"
+
+    def summary(self) -> str:
+        """The verdict in one line a person can act on."""
+        if self.mismatch:
+            return self.mismatch
+        if not self.passed:
+            names = ", ".join(dict.fromkeys(r.metric if isinstance(r, RuleResult) else r.name for r in self.failures))
+            return f"REGRESSION: {names} failed" + (" against the baseline" if self.has_baseline else "")
+        if not self.has_baseline:
+            return "no baseline yet: nothing to compare against; run `make promote` to make this run the baseline"
+        return f"PASS: {len(self.results)} rule(s) and {len(self.gates)} export gate(s) hold against the baseline"
 
     @property
     def failures(self) -> tuple[RuleResult | Check, ...]:
@@ -57,10 +78,13 @@ class Verdict:
 
     def with_gates(self, gates: Sequence[Check]) -> Verdict:
         """This verdict plus export gates: it passes only when they all pass too."""
-        return Verdict(self.passed and all(g.passed for g in gates), self.has_baseline, self.results, tuple(gates))
+        passed = self.passed and all(g.passed for g in gates)
+        return Verdict(passed, self.has_baseline, self.results, tuple(gates), self.mismatch)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "verdict": self.status,
+            "summary": self.summary(),
             "passed": self.passed,
             "has_baseline": self.has_baseline,
             "rules": [asdict(r) for r in self.results],
@@ -132,10 +156,43 @@ def check_rule(rule: Rule, metrics: Mapping[str, Any], baseline: Mapping[str, An
     return result(round(delta, 6), allowed, passed, reason)
 
 
+def _test_set(metrics: Mapping[str, Any]) -> tuple[str, int, tuple[str, ...]]:
+    """(test set hash, images, class names) of a metrics dict, as score_split and make promote write them."""
+    per_class = metrics.get("per_class")
+    classes = tuple(sorted(per_class)) if isinstance(per_class, Mapping) else ()
+    return str(metrics.get("test_set_sha256")), int(metrics.get("num_samples") or 0), classes
+
+
+def _describe_test_set(test_set: tuple[str, int, tuple[str, ...]]) -> str:
+    digest, images, classes = test_set
+    names = ", ".join(classes[:5]) + (f", ... ({len(classes) - 5} more)" if len(classes) > 5 else "")
+    return f"{images} images, {len(classes)} classes ({names}), test set sha256 {digest[:12]}"
+
+
+def mismatch(metrics: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+    """Empty when run and baseline were scored on the same test images and classes; else one line
+    naming both and what to do. Rules compare models on one test set; across test sets they only
+    produce a wall of `missing`/`differs` lines that say nothing about either model."""
+    if "test_set_sha256" not in metrics or "test_set_sha256" not in baseline:
+        return ""  # nothing says which test set: compared rule by rule
+    ours, theirs = _test_set(metrics), _test_set(baseline)
+    if ours[0] == theirs[0] and ours[2] == theirs[2]:
+        return ""
+    return (
+        f"different test set: the baseline was scored on {_describe_test_set(theirs)}; this run on "
+        f"{_describe_test_set(ours)}. The rules compare models on the same test images: to gate models of this "
+        f"data, promote one of them (`make promote`); to compare with the baseline, train on its data"
+    )
+
+
 def compare(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None, rules: Sequence[Rule]) -> Verdict:
-    """Every rule checked; with no baseline at all the verdict passes and says so."""
+    """Every rule checked; with no baseline at all the verdict passes and says so. A baseline scored on
+    another test set (or class set) fails as one `different test set` line instead of rule by rule."""
     if baseline is None:
         return Verdict(passed=True, has_baseline=False, results=())
+    different = mismatch(metrics, baseline)
+    if different:
+        return Verdict(passed=False, has_baseline=True, results=(), mismatch=different)
     results: list[RuleResult] = []
     for rule in rules:
         keys = expand(rule.metric, baseline) if "*" in rule.metric else [rule.metric]
@@ -156,8 +213,10 @@ def _cell(x: Value | None) -> str:
 
 def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
     """The verdict as an aligned text table (or a Markdown table), one row per checked key."""
-    outcome = "verdict: " + ("PASS" if verdict.passed else "REGRESSION")
-    if verdict.has_baseline:
+    outcome = "verdict: " + ("PASS" if verdict.passed else verdict.status.upper())
+    if verdict.mismatch:
+        sections = [verdict.mismatch]
+    elif verdict.has_baseline:
         rows = [("metric", "value", "baseline", "delta", "allowed", "result")]
         for r in verdict.results:
             rows.append((f"{r.metric} ({r.direction})", _cell(r.value), _cell(r.baseline),

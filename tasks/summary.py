@@ -13,8 +13,8 @@ def main() -> None:
     export = read_json(reports / "export.json")
     verdict = read_json(reports / "regression.json")
     quarantine = read_json(params.paths.shards / "quarantine.json")["counts"]
-    gate = "REGRESSION" if not verdict["passed"] else (
-        "PASS" if verdict["has_baseline"] else "PASS, no baseline yet (make promote)")  # fmt: skip
+    gate = verdict.get("summary") or ("PASS" if verdict["passed"] else "REGRESSION")
+    recipe = read_json(reports / "train_run.json").get("recipe", {}).get("summary", "-")
     q = export.get("onnx_int8")
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
@@ -30,6 +30,7 @@ def main() -> None:
         "\nPipeline finished\n"
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
         f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored\n"
+        f"  recipe        {recipe}\n"
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"

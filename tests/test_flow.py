@@ -22,7 +22,7 @@ import yaml
 from flows.artifacts import KEYS, STAGE_REPORTS, flatten
 from flows.dag import load_stages
 from tasks.io import read_json, sha256_file, write_json
-from tests.conftest import ROOT, dvc, make_project, sh
+from tests.conftest import ROOT, commit, dvc, make_project, sh
 
 # The crash test's planted worse model is judged by its loss: a tiny model is near chance, so only
 # a loss rule tells a planted bad model from it reliably.
@@ -36,11 +36,6 @@ def flaky_train(repo: Path, marker: Path) -> None:
     fail_once = f"test -e {shlex.quote(str(marker))} || {{ touch {shlex.quote(str(marker))}; echo planted transient failure; exit 3; }}"  # noqa: E501
     pipeline["stages"]["train"]["cmd"] = f"{fail_once}; {pipeline['stages']['train']['cmd']}"
     (repo / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
-
-
-def commit(repo: Path, message: str) -> None:
-    sh(["git", "add", "-A"], cwd=repo)
-    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], cwd=repo)
 
 
 def worsen_onnx(path: Path) -> None:
@@ -212,6 +207,20 @@ def test_failing_stage_fails_the_flow_with_its_name_log_tail_and_verdict(trained
 
 
 # --- regression-flow ----------------------------------------------------------------------------
+
+
+def test_regression_flow_before_any_baseline_says_what_to_do(trained: dict[str, Any]) -> None:
+    """The nightly is scheduled at deploy time, before anyone ran `make promote`: a clear verdict, no traceback."""
+    from flows.regression_flow import regression_flow
+
+    assert not (trained["repo"] / "baseline/metrics.json").exists()
+    state = regression_flow(repo_dir=str(trained["repo"]), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("no baseline yet: nothing to check") and "run `make promote`" in state.message
+    verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
+    assert "NO BASELINE" in verdict and "make promote" in verdict
+    logs = api_logs(state.state_details.flow_run_id, wait_for="no baseline yet")
+    assert "no baseline yet" in logs and "Traceback" not in logs
 
 
 @pytest.fixture(scope="module")

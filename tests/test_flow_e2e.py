@@ -25,8 +25,8 @@ import yaml
 from flows.artifacts import KEYS
 from flows.dag import load_stages
 from tasks.io import read_json, sha256_file, write_json
-from tests.conftest import ROOT, TINY, deep_update, dvc, make_project, sh, write_params
-from tests.test_flow import RULES, api_artifacts, api_logs, api_task_runs, commit, worsen_onnx
+from tests.conftest import ROOT, TINY, commit, deep_update, dvc, make_project, sh, write_params
+from tests.test_flow import RULES, api_artifacts, api_logs, api_task_runs, worsen_onnx
 from tests.test_flow_security import VENV, free_port, prefect_env
 
 pytestmark = pytest.mark.slow

@@ -95,12 +95,13 @@ def test_wildcard_matching_nothing_in_the_baseline_fails() -> None:
 
 
 def test_equal_direction_compares_hashes() -> None:
-    rule = Rule(metric="test_set_sha256", direction="equal")
-    same = compare({"test_set_sha256": "ab" * 32}, {"test_set_sha256": "ab" * 32}, [rule])
-    other = compare({"test_set_sha256": "cd" * 32}, {"test_set_sha256": "ab" * 32}, [rule])
+    # (test_set_sha256 itself is checked before any rule: see the different-test-set test below)
+    rule = Rule(metric="labels_sha256", direction="equal")
+    same = compare({"labels_sha256": "ab" * 32}, {"labels_sha256": "ab" * 32}, [rule])
+    other = compare({"labels_sha256": "cd" * 32}, {"labels_sha256": "ab" * 32}, [rule])
     assert same.passed and not other.passed
     assert other.results[0].reason == "differs from the baseline"
-    assert "test_set_sha256" in format_table(other) and "abababababab..." in format_table(other)
+    assert "labels_sha256" in format_table(other) and "abababababab..." in format_table(other)
 
 
 def test_equal_direction_on_numbers_uses_the_tolerance_both_ways() -> None:
@@ -140,3 +141,32 @@ def test_verdict_json_round_trips() -> None:
     data = verdict.to_json()
     again = Verdict(data["passed"], data["has_baseline"], tuple(RuleResult(**r) for r in data["rules"]))
     assert again == verdict
+
+
+SCORED = {**PER_CLASS, "num_samples": 963, "test_set_sha256": "a" * 64}
+
+
+def test_a_baseline_of_another_test_set_is_one_line_naming_both() -> None:
+    classes = {name: {"recall": 1.0} for name in ("circle", "square", "triangle")}
+    other = {"accuracy": 1.0, "num_samples": 36, "test_set_sha256": "b" * 64, "per_class": classes}
+    rules = [
+        Rule(metric="accuracy"),
+        Rule(metric="per_class.*.recall"),
+        Rule(metric="test_set_sha256", direction="equal"),
+    ]
+    verdict = compare(other, SCORED, rules)
+    assert not verdict.passed and verdict.status == "different test set" and verdict.results == ()
+    line = verdict.summary()
+    assert "\n" not in line
+    assert "the baseline was scored on 963 images, 2 classes (cat, dog), test set sha256 aaaaaaaaaaaa" in line
+    assert "this run on 36 images, 3 classes (circle, square, triangle), test set sha256 bbbbbbbbbbbb" in line
+    assert "`make promote`" in line
+    assert format_table(verdict).splitlines() == [line, "verdict: DIFFERENT TEST SET"]
+    # Same images, other class names (a renamed class folder): not comparable either.
+    renamed = {**SCORED, "per_class": {"cat": {"recall": 0.9}, "hound": {"recall": 0.8}}}
+    assert compare(renamed, SCORED, rules).status == "different test set"
+    # The same test set is compared rule by rule.
+    same = compare({**SCORED, "accuracy": 0.5}, SCORED, rules)
+    assert same.status == "regression" and [r.metric for r in same.failures] == ["accuracy"]
+    assert compare(SCORED, SCORED, rules).status == "pass"
+    assert compare(SCORED, None, rules).status == "no baseline"

@@ -34,7 +34,7 @@ def check(project: Path, shards: Path, baseline_dir: Path, out: Path | None = No
     return check_regression.run(
         PARAMS.regression, onnx_path=project / "models/model.onnx", export_report=project / "reports/export.json",
         shard_dir=shards, baseline_dir=baseline_dir, verdict_path=out / "reports/regression.json",
-        table_path=out / "reports/regression.md",
+        table_path=out / "reports/regression.md", gate_path=out / "reports/gate.json",
     )  # fmt: skip
 
 
@@ -200,8 +200,12 @@ def test_a_baseline_from_other_test_images_fails_its_rule(
     shutil.copytree(baseline, other)
     write_json(other / "metrics.json", {**read_json(baseline / "metrics.json"), "test_set_sha256": "0" * 64})
     verdict = check(project, shards, other, out=tmp_path)
-    assert failed(verdict) == ["test_set_sha256"]
-    assert verdict.failures[0].reason == "differs from the baseline"
+    # Not rule by rule: one line that names both test sets and what to do.
+    assert not verdict.passed and verdict.status == "different test set" and verdict.results == ()
+    assert "test set sha256 000000000000" in verdict.summary() and "`make promote`" in verdict.summary()
+    assert read_json(tmp_path / "reports/gate.json") == {
+        "verdict": "different test set", "passed": False, "summary": verdict.summary(),
+    }  # fmt: skip
 
 
 def test_an_unreadable_baseline_is_named(project: Path, shards: Path, tmp_path: Path) -> None:

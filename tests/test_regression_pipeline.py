@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TINY, deep_update, dvc, make_imagefolder, make_project, sh, write_params
+from tests.conftest import TINY, commit, deep_update, dvc, make_imagefolder, make_project, sh, write_params
 
 # Three full runs of the tiny pipeline (about 1-3 minutes on 2 cores): make test-slow. The default
 # suite covers the same gate without DVC in tests/test_regression_gate.py.
@@ -28,7 +28,7 @@ def read(repo: Path, name: str) -> Any:
 def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     root = tmp_path_factory.mktemp("gate-pipeline")
     source = make_imagefolder(root / "images", classes=3, per_class=30)
-    good = {"data": {"source": str(source)}, "train": {"epochs": 2}}
+    good = {"data": {"source": str(source)}, "train": {"epochs": 4}}
     repo = make_project(root / "repo", good)
     dvc("repro", cwd=repo)
     return repo, good
@@ -62,6 +62,37 @@ def test_a_worse_model_fails_at_check_regression_until_the_param_is_restored(rep
     dvc("repro", cwd=repo_dir)
     assert read(repo_dir, "regression.json")["passed"]
     assert "Data and pipelines are up to date" in dvc("status", cwd=repo_dir).stdout
+
+
+def test_an_experiment_on_other_data_keeps_its_metrics_and_its_verdict(repo: tuple[Path, dict]) -> None:
+    """After a promote on one dataset, `dvc exp run -S data.source=<another folder>` is kept: its gate
+    verdict is a `different test set` column of `dvc exp show`, not a failed stage. A failed experiment
+    is recovered with `git checkout params.yaml && dvc repro` (the run cache restores the outputs)."""
+    repo_dir, good = repo
+    if not (repo_dir / "baseline/metrics.json").is_file():
+        sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+    other = make_imagefolder(repo_dir.parent / "other-images", classes=4, per_class=25, seed=5)
+    commit(repo_dir, "promoted")
+    proc = dvc("exp", "run", "-n", "other-data", "-S", f"data.source={other}", cwd=repo_dir, check=False)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "different test set: the baseline was scored on" in log and "not enforced" in log
+    shown = dvc("exp", "show", "--csv", cwd=repo_dir).stdout
+    header, *rows = [line.split(",") for line in shown.splitlines()]
+    verdict = next(i for i, name in enumerate(header) if name.endswith("verdict"))
+    by_name = {row[header.index("Experiment")]: row for row in rows}
+    assert by_name["other-data"][verdict] == "different test set"
+    assert by_name["other-data"][header.index("accuracy")] not in ("", "-")  # its metrics were kept
+    assert [row[verdict] for row in rows if row[header.index("Experiment")] == ""][0] == "pass"  # the workspace
+
+    # A failed experiment: the value stays in params.yaml and train's outputs are gone; then recovered.
+    failed = dvc("exp", "run", "-S", "train.epochs=0", cwd=repo_dir, check=False)
+    assert failed.returncode != 0 and "train.epochs: Input should be greater than or equal to 1" in failed.stderr
+    assert "epochs: 0" in (repo_dir / "params.yaml").read_text()
+    sh(["git", "checkout", "params.yaml"], cwd=repo_dir)
+    dvc("repro", cwd=repo_dir)
+    assert "Data and pipelines are up to date" in dvc("status", cwd=repo_dir).stdout
+    assert read(repo_dir, "gate.json")["verdict"] == "pass"
 
 
 def test_a_changed_byte_in_the_onnx_file_is_caught_before_use(repo: tuple[Path, dict]) -> None:
