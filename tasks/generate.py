@@ -20,6 +20,7 @@ from tasks import synth
 from tasks.cli import StageError, stage_main
 from tasks.io import atomic_dir
 from tasks.params import GenerateParams, Params, derive_seed
+from tasks.validation import check_data_folders
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,10 @@ def run(params: GenerateParams, *, seed: int, out_dir: Path) -> GenerateResult:
 def body(params: Params) -> None:
     """Generate the default dataset, or only a SKIPPED.txt marker when data.source is elsewhere."""
     source, generated = params.data.source, params.paths.generated
+    if generated.resolve() in source.resolve().parents:
+        raise StageError(f"data.source ({source}) lies inside paths.generated ({generated})")
+    check_data_folders(params.data, generated)  # the first stage: a mistyped folder stops the run here
     if source.resolve() != generated.resolve():
-        if generated.resolve() in source.resolve().parents:
-            raise StageError(f"data.source ({source}) lies inside paths.generated ({generated})")
         print(f"[generate] using your data at {source}; skipping generation")
         # DVC needs the declared output to exist, so leave a marker saying which data is used.
         with atomic_dir(generated) as tmp:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from tasks.cli import StageError, stage_main
 from tasks.imaging import PreprocessSpec
 from tasks.io import atomic_dir, dumps_json
-from tasks.params import DataParams, PreprocessParams, derive_seed
+from tasks.params import Params, PreprocessParams, derive_seed
 from tasks.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, ShardWriter, class_counts, schema_description
 from tasks.splits import Plan, plan, split_of
 from tasks.validation import (
@@ -30,9 +30,11 @@ from tasks.validation import (
     CheckConfig,
     Checked,
     Hashed,
+    check_data_folders,
     check_file,
     class_folders,
     discover,
+    fixed_test_folder,
     hash_file,
     worker_init,
 )
@@ -47,11 +49,6 @@ class PreprocessResult:
     split_counts: dict[str, int]
     class_names: tuple[str, ...]
     out_dir: Path
-
-
-def fixed_test_folder(data: DataParams, generated: Path) -> Path | None:
-    """data.test_source, or None while it is left at paths.generated (the 'no test folder' value)."""
-    return None if Path(data.test_source).resolve() == Path(generated).resolve() else Path(data.test_source)
 
 
 def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, ...]) -> None:
@@ -69,9 +66,7 @@ def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, 
 def _collect(
     source: Path, test_source: Path | None
 ) -> tuple[tuple[str, ...], list[Candidate], list[Hashed], list[dict[str, str]], tuple[tuple[str, Path], ...]]:
-    class_names = class_folders(source, what="data.source")
-    if len(class_names) < 2:
-        raise StageError(f"data.source {source}: found {len(class_names)} class folders, need at least 2")
+    class_names = class_folders(source, what="data.source", at_least=2)
     candidates, sizes, ignored = discover(source, role=SOURCE, class_names=class_names)
     roots = [(SOURCE, source)]
     if test_source is not None:
@@ -242,6 +237,20 @@ def _check_usable(
         raise StageError(f"{where}: too few usable images to fill the train and test splits ({split_counts})")
 
 
+SHOWN_PER_REASON = 3  # files named per reason in the log; quarantine.json lists them all
+
+
+def _name_files(group: list[dict[str, str]]) -> str:
+    """'cat/a.jpg (0 bytes), test_source:dog/b.png, and 4 more': the first few, then a count."""
+    names = []
+    for entry in group[:SHOWN_PER_REASON]:
+        name = entry["path"] if entry.get("root", SOURCE) == SOURCE else f"{entry['root']}:{entry['path']}"
+        detail = entry.get("detail", "")
+        names.append(f"{name} ({detail})" if detail and len(detail) <= 80 else name)
+    more = len(group) - SHOWN_PER_REASON
+    return ", ".join(names) + (f", and {more} more" if more > 0 else "")
+
+
 def _log_summary(
     quarantined: list[dict[str, str]],
     ignored: list[dict[str, str]],
@@ -251,26 +260,28 @@ def _log_summary(
     class_names: tuple[str, ...],
     out_dir: Path,
 ) -> None:
-    for reason, count in sorted(Counter(q["reason"] for q in quarantined).items()):
-        log.info("quarantined %d file(s): %s", count, reason)
-    for reason, count in sorted(Counter(i["reason"] for i in ignored).items()):
-        log.info("ignored %d file(s): %s", count, reason)
+    report = out_dir / QUARANTINE
+    for what, entries in (("quarantined", quarantined), ("ignored", ignored)):
+        by_reason: dict[str, list[dict[str, str]]] = {}
+        for entry in entries:
+            by_reason.setdefault(entry["reason"], []).append(entry)
+        for reason, group in sorted(by_reason.items()):
+            log.info("%s %d file(s): %s: %s", what, len(group), reason, _name_files(group))
+    if quarantined or ignored:
+        log.info("every quarantined and ignored file, with its reason: %s", report)
     if todo.duplicates:
         log.info("%d group(s) of files with identical bytes (listed in %s)", len(todo.duplicates), QUARANTINE)
     log.info("%s; splits %s; %d classes -> %s", counts, split_counts, len(class_names), out_dir)
 
 
+def _main(p: Params) -> None:
+    check_data_folders(p.data, p.paths.generated)
+    run(p.preprocess, seed=p.seed, source=p.data.source, out_dir=p.paths.shards,
+        test_source=fixed_test_folder(p.data, p.paths.generated))  # fmt: skip
+
+
 def main() -> None:
-    stage_main(
-        "preprocess",
-        lambda p: run(
-            p.preprocess,
-            seed=p.seed,
-            source=p.data.source,
-            out_dir=p.paths.shards,
-            test_source=fixed_test_folder(p.data, p.paths.generated),
-        ),
-    )
+    stage_main("preprocess", _main)
 
 
 if __name__ == "__main__":

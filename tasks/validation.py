@@ -19,6 +19,7 @@ from PIL import Image
 from tasks.cli import StageError
 from tasks.imaging import ImageError, PreprocessSpec, is_image_name, load_array
 from tasks.io import sha256_and_size, sha256_bytes
+from tasks.params import DataParams
 
 SOURCE, TEST_SOURCE = "source", "test_source"
 
@@ -59,11 +60,42 @@ class CheckConfig:
     min_side: int
 
 
-def class_folders(root: Path, *, what: str) -> tuple[str, ...]:
-    """The class names of an ImageFolder: its visible subfolders (symlinks followed), sorted."""
+def class_folders(root: Path, *, what: str, at_least: int = 0) -> tuple[str, ...]:
+    """The class names of an ImageFolder: its visible subfolders (symlinks followed), sorted. Every
+    way a typed path can be wrong is a StageError that names the key, the path and the fix."""
+    if str(root).startswith("~"):
+        # DVC tracks this path as a dependency and reads it literally (./~/...): expanding it here
+        # would train on one folder while DVC hashes another.
+        raise StageError(f"{what} {root}: '~' is not expanded by DVC; write the full path: {root.expanduser()}")
+    if not root.exists():
+        where = "" if root.is_absolute() else f" (relative to {Path.cwd()})"
+        raise StageError(f"{what} {root}: no such folder{where}; expected an ImageFolder root/<class>/<image>")
     if not root.is_dir():
-        raise StageError(f"{what} {root}: not a directory (expected root/<class>/<image>)")
-    return tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+        raise StageError(f"{what} {root}: a file, not a folder; expected an ImageFolder root/<class>/<image>")
+    names = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    if len(names) < at_least:
+        loose = sum(1 for p in root.iterdir() if p.is_file() and is_image_name(p.name))
+        found = f"found {len(names)} class folder(s){f' {list(names)}' if names else ''}"
+        hint = f"; its {loose} image file(s) outside any class folder are ignored" if loose else ""
+        raise StageError(
+            f"{what} {root}: {found}, need at least {at_least} (one subfolder per class: root/<class>/<image>){hint}"
+        )
+    return names
+
+
+def fixed_test_folder(data: DataParams, generated: Path) -> Path | None:
+    """data.test_source, or None while it is left at paths.generated (the 'no test folder' value)."""
+    return None if Path(data.test_source).resolve() == Path(generated).resolve() else Path(data.test_source)
+
+
+def check_data_folders(data: DataParams, generated: Path) -> None:
+    """Preflight of the folders a user typed (data.source, data.test_source), before any stage works:
+    DVC itself would only fail later, at the preprocess stage, with a bare `[Errno 2]`."""
+    if Path(data.source).resolve() != Path(generated).resolve():
+        class_folders(data.source, what="data.source", at_least=2)
+    test_source = fixed_test_folder(data, generated)
+    if test_source is not None:
+        class_folders(test_source, what="data.test_source", at_least=1)
 
 
 def _walk_files(root: Path) -> list[tuple[str, os.DirEntry[str]]]:

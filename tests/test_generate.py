@@ -116,10 +116,12 @@ def test_skip_when_data_source_is_elsewhere(
     generated = tmp_path / "data" / "generated"
     generated.mkdir(parents=True)
     (generated / "stale.png").write_bytes(b"old")
+    for name in ("cat", "dog"):  # the generate stage checks the folder before anything else
+        (tmp_path / "mine" / name).mkdir(parents=True)
     params = Params().model_copy(
         update={
             "paths": Params().paths.model_copy(update={"generated": generated}),
-            "data": Params().data.model_copy(update={"source": tmp_path / "mine"}),
+            "data": Params().data.model_copy(update={"source": tmp_path / "mine", "test_source": generated}),
         }
     )
     monkeypatch.setattr(generate, "run", lambda *a, **k: pytest.fail("run() must not be called"))
@@ -135,7 +137,7 @@ def test_body_generates_when_source_is_the_default(tmp_path: Path) -> None:
         update={
             "seed": 5,
             "paths": Params().paths.model_copy(update={"generated": generated}),
-            "data": Params().data.model_copy(update={"source": generated}),
+            "data": Params().data.model_copy(update={"source": generated, "test_source": generated}),
             "generate": SMALL.model_copy(update={"num_classes": 2, "images_per_class": 3}),
         }
     )

@@ -98,11 +98,53 @@ def test_crash_leaves_no_output(imagefolder: Path, tmp_path: Path, monkeypatch: 
 
 
 def test_missing_or_flat_source_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(preprocess.StageError, match="nope: not a directory"):
+    with pytest.raises(preprocess.StageError, match="nope: no such folder"):
         preprocess.run(PARAMS, seed=1, source=tmp_path / "nope", out_dir=tmp_path / "out")
     (tmp_path / "flat").mkdir()
-    with pytest.raises(preprocess.StageError, match="found 0 class folders"):
+    with pytest.raises(preprocess.StageError, match=r"found 0 class folder\(s\), need at least 2"):
         preprocess.run(PARAMS, seed=1, source=tmp_path / "flat", out_dir=tmp_path / "out")
+
+
+def test_typed_folders_are_checked_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generate stage runs first and checks data.source and data.test_source: DVC would fail only at
+    preprocess, with a bare `[Errno 2]`, and would read `~` literally."""
+    from tasks.params import DataParams
+    from tasks.validation import check_data_folders
+
+    monkeypatch.chdir(tmp_path)
+    generated = Path("data/generated")
+    check_data_folders(DataParams(), generated)  # the default: generate makes it
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "a.jpg").write_bytes(b"x")
+    (tmp_path / "file.txt").write_text("x")
+    images = make_imagefolder(tmp_path / "images", classes=2, per_class=1)
+    cases = {
+        "~/my_images": r"data.source ~/my_images: '~' is not expanded by DVC; write the full path: /",
+        "nope": rf"data.source nope: no such folder \(relative to {tmp_path}\)",
+        str(tmp_path / "file.txt"): r"file.txt: a file, not a folder",
+        str(flat): r"flat: found 0 class folder\(s\), need at least 2 .*its 1 image file\(s\) outside any class",
+    }
+    for source, expected in cases.items():
+        with pytest.raises(preprocess.StageError, match=expected):
+            check_data_folders(DataParams(source=Path(source)), generated)
+    check_data_folders(DataParams(source=images), generated)
+    with pytest.raises(preprocess.StageError, match=r"data.test_source missing_test: no such folder"):
+        check_data_folders(DataParams(source=images, test_source=Path("missing_test")), generated)
+
+
+def test_the_log_names_quarantined_files(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    source = make_imagefolder(tmp_path / "src", classes=2, per_class=10)
+    for i in range(5):
+        (source / "class_0" / f"empty{i}.jpg").write_bytes(b"")
+    (source / "class_1" / "notes.txt").write_text("x")
+    with caplog.at_level("INFO", logger="tasks.preprocess"):
+        preprocess.run(PARAMS, seed=1, source=source, out_dir=tmp_path / "shards")
+    log = caplog.text
+    assert ("quarantined 5 file(s): empty_file: class_0/empty0.jpg (zero bytes), class_0/empty1.jpg (zero bytes), "
+            "class_0/empty2.jpg (zero bytes), and 2 more") in log  # fmt: skip
+    assert "ignored 1 file(s): not_image_name: class_1/notes.txt" in log
+    assert f"every quarantined and ignored file, with its reason: {tmp_path / 'shards' / 'quarantine.json'}" in log
 
 
 def test_discovery_follows_links_once_and_ignores_what_is_not_a_file(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from tasks.cli import StageError
 from tasks.io import read_json
 from tasks.params import DataParams, GenerateParams, PreprocessParams
 from tasks.shards import ShardSplit
+from tasks.validation import fixed_test_folder
 from tests.conftest import make_imagefolder
 
 PARAMS = PreprocessParams(image_size=16, workers=2, val_fraction=0.1, test_fraction=0.1)
@@ -90,8 +91,8 @@ def test_bad_test_folders_are_clear_errors(with_test_folder: tuple[Path, Path], 
 
 def test_test_source_left_at_generated_means_none() -> None:
     generated = Path("data/generated")
-    assert preprocess.fixed_test_folder(DataParams(), generated) is None
-    assert preprocess.fixed_test_folder(DataParams(test_source=Path("my/test")), generated) == Path("my/test")
+    assert fixed_test_folder(DataParams(), generated) is None
+    assert fixed_test_folder(DataParams(test_source=Path("my/test")), generated) == Path("my/test")
 
 
 @pytest.mark.parametrize("same_size", [True, False], ids=["hashed-in-pass-1", "sized-in-pass-1"])
