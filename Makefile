@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity
 .PHONY: serve
-.PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-up prefect-stop prefect-status
+.PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ prefect-deploy: setup
 
 prefect-worker: setup
 	scripts/prefect.sh worker
+
+# A deployment's run, followed to its end: its final state and message, exit 1 unless it Completed.
+DEPLOYMENT ?= train-flow/prod
+prefect-run: setup
+	scripts/prefect.sh run $(DEPLOYMENT)
 
 prefect-up: prefect-server prefect-pool prefect-deploy prefect-worker
 

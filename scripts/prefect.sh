@@ -4,6 +4,7 @@
 #   pool     create the `local-process` work pool that prefect.yaml's deployments use
 #   deploy   `prefect deploy --all` (train-flow/prod, regression-flow/nightly) + the crash automation
 #   worker   start a worker on the pool in the background
+#   run      run <flow>/<deployment> [-p key=value]: start a flow run, wait, print its final state and message
 #   stop     stop the worker (SIGINT: it ignores SIGTERM), then the server
 #   status   what is running, and where
 # Settings come from scripts/prefect-env.sh; logs and pid files go to $PREFECT_HOME.
@@ -28,6 +29,12 @@ try:
 except Exception:
     sys.exit(1)
 PY
+}
+
+require_server() { # the one-line fix instead of prefect's connection traceback
+  healthy && return 0
+  echo "error: no Prefect server answers at $PREFECT_API_URL: start it with \`make prefect-server\`" >&2
+  exit 2
 }
 
 start_background() { # name, command...: own session (Ctrl-C in this terminal doesn't reach it), logs to a file
@@ -82,6 +89,7 @@ server)
   echo "  (database: ${PREFECT_API_DATABASE_CONNECTION_URL:-SQLite in $PREFECT_HOME}; log: $PREFECT_HOME/server.log)"
   ;;
 pool)
+  require_server
   if prefect work-pool inspect "$POOL" >/dev/null 2>&1; then
     echo "work pool $POOL exists"
   else
@@ -89,11 +97,13 @@ pool)
   fi
   ;;
 deploy)
+  require_server
   # PWD is what prefect.yaml's pull step records as the working directory of every run.
   PWD="$IMAGEPIPE_ROOT" prefect --no-prompt deploy --all
   "$PYTHON" -m flows.automations --within "$IMAGEPIPE_CRASH_AFTER_S"
   ;;
 worker)
+  require_server
   if pid=$(pid_of worker); then
     echo "a worker already runs (pid $pid)"
     exit 0
@@ -101,6 +111,11 @@ worker)
   start_background worker prefect worker start --pool "$POOL" --type process
   wait_for worker 60 grep -q "started" "$PREFECT_HOME/worker.log"
   echo "worker on pool $POOL (pid $(cat "$PREFECT_HOME/worker.pid"); log: $PREFECT_HOME/worker.log)"
+  ;;
+run)
+  # run <flow>/<deployment> [-p key=value ...]: start a run, wait for it, print its final state and message
+  shift
+  exec "$PYTHON" -m flows.launch "$@"
   ;;
 stop)
   stop_service worker INT 60
@@ -113,7 +128,7 @@ status)
   if healthy; then echo "API: $PREFECT_API_URL answers"; else echo "API: $PREFECT_API_URL does not answer"; fi
   ;;
 *)
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,10p' "$0" >&2
   exit 2
   ;;
 esac

@@ -18,6 +18,7 @@ import torch
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -132,7 +133,9 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
             loader.join()
         yield
 
-    app = FastAPI(title="imagepipe serving", version="1", lifespan=lifespan)
+    # /docs and /redoc with Swagger UI and ReDoc served by the app itself (fastapi-offline ships the
+    # assets): FastAPI's own pages load them from a CDN and stay blank offline.
+    app = FastAPIOffline(title="imagepipe serving", version="1", lifespan=lifespan)
     app.state.serving = state
     app.state.metrics = metrics
     app.add_middleware(BodyLimitMiddleware, max_bytes=serve.max_body_bytes)

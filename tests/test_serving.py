@@ -192,6 +192,23 @@ def test_request_shape_errors_are_4xx_with_json(client: TestClient, project: Pat
     assert wrong_method.headers["allow"] == "GET"  # RFC 9110: a 405 names the methods that work
 
 
+def test_docs_pages_load_every_asset_from_the_app_itself(client: TestClient) -> None:
+    """Offline, FastAPI's own /docs is blank: it loads Swagger UI from a CDN. Ours serves the assets."""
+    import re
+
+    for page in ("/docs", "/redoc"):
+        html = client.get(page)
+        assert html.status_code == 200 and "text/html" in html.headers["content-type"]
+        assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html.text)
+        assert assets, f"{page} references no script or stylesheet"
+        assert not [a for a in assets if "//" in a], f"{page} loads assets from another host: {assets}"
+        for asset in assets:
+            got = client.get(asset)
+            assert got.status_code == 200 and len(got.content) > 1000, (page, asset, got.status_code)
+        assert "/openapi.json" in html.text
+    assert client.get("/openapi.json").json()["info"]["title"] == "imagepipe serving"
+
+
 def test_metrics_count_requests_errors_and_confidence(client: TestClient, project: Path) -> None:
     image = raw_images(project)[0].read_bytes()
     for _ in range(3):
