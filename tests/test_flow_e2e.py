@@ -198,6 +198,13 @@ def test_production_run_crash_resume_and_nightly(production: Production, tmp_pat
     # 4. The nightly deployment keeps its cron schedule; a planted worse model fails it with its verdict.
     schedules = production.deployment("regression-flow/nightly").schedules
     assert [s.schedule.cron for s in schedules] == ["0 2 * * *"]
+    # Before any promote (the schedule runs from deploy time): a verdict that says what to do, through
+    # `make prefect-run DEPLOYMENT=regression-flow/nightly`'s command.
+    launched = subprocess.run([str(repo / "scripts" / "prefect.sh"), "run", "regression-flow/nightly"],
+                              env=production.env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert launched.returncode == 1, launched.stdout + launched.stderr
+    assert "regression-flow/nightly: Failed: no baseline yet" in launched.stdout and "make promote" in launched.stdout
+    assert "Traceback" not in launched.stdout + launched.stderr
     sh(["python", "-m", "tasks.promote"], cwd=repo)
     proc, nightly = production.run_and_watch("regression-flow/nightly")
     assert proc.returncode == 0 and nightly.state.is_completed(), proc.stdout[-3000:]
