@@ -6,6 +6,8 @@ project as a git + DVC repository, and `make promote`'s command.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -78,12 +80,15 @@ def test_an_experiment_on_other_data_keeps_its_metrics_and_its_verdict(repo: tup
     assert proc.returncode == 0, log[-3000:]
     assert "different test set: the baseline was scored on" in log and "not enforced" in log
     shown = dvc("exp", "show", "--csv", cwd=repo_dir).stdout
-    header, *rows = [line.split(",") for line in shown.splitlines()]
+    header, *rows = list(csv.reader(io.StringIO(shown)))  # the verdict's summary holds commas
     verdict = next(i for i, name in enumerate(header) if name.endswith("verdict"))
     by_name = {row[header.index("Experiment")]: row for row in rows}
     assert by_name["other-data"][verdict] == "different test set"
     assert by_name["other-data"][header.index("accuracy")] not in ("", "-")  # its metrics were kept
-    assert [row[verdict] for row in rows if row[header.index("Experiment")] == ""][0] == "pass"  # the workspace
+    committed = [
+        row for row in rows if row[header.index("Experiment")] == "" and row[header.index("rev")] != "workspace"
+    ]
+    assert [row[verdict] for row in committed] == ["pass"]  # the commit the experiment started from
 
     # A failed experiment: the value stays in params.yaml and train's outputs are gone; then recovered.
     failed = dvc("exp", "run", "-S", "train.epochs=0", cwd=repo_dir, check=False)
