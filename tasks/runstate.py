@@ -68,14 +68,15 @@ def cpu_threads(requested: int, processes_per_node: int) -> int:
 def warn_if_cores_busy(threads: int, processes_per_node: int = 1) -> float:
     """Warn when the 1-minute load average says other jobs already keep the cores busy; returns it.
 
-    Threads that outnumber the free cores wait for each other at every parallel region: two
-    trainings sharing 2 cores ran about 8x slower each, not 2x (REFERENCE.md)."""
+    Threads that outnumber the free cores wait for each other at every parallel region: two trainings
+    sharing 2 cores ran 2.4x slower each with the stages' GOMP_SPINCOUNT, up to 7x with libgomp's
+    default spin (bench/bench_shared_cores.py)."""
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
     if load >= cores - 0.5:
         log.warning(
             "load average %.1f on %d cores: other jobs are using the CPUs, and %d process(es) x %d thread(s) "
-            "will compete with them (two trainings on 2 cores ran ~8x slower each, not 2x). Run one heavy job "
+            "will compete with them (two trainings on 2 cores ran about 2.4x slower each). Run one heavy job "
             "at a time, or give each fewer threads (train.threads)",
             load, cores, processes_per_node, threads,
         )  # fmt: skip
