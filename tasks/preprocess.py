@@ -241,7 +241,7 @@ SHOWN_PER_REASON = 3  # files named per reason in the log; quarantine.json lists
 
 
 def _name_files(group: list[dict[str, str]]) -> str:
-    """'cat/a.jpg (0 bytes), test_source:dog/b.png, and 4 more': the first few, then a count."""
+    """'cat/a.jpg (zero bytes), test_source:dog/b.png, and 4 more': the first few, then a count."""
     names = []
     for entry in group[:SHOWN_PER_REASON]:
         name = entry["path"] if entry.get("root", SOURCE) == SOURCE else f"{entry['root']}:{entry['path']}"
