@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tasks.distributed import World
+from tasks.recipe import steps_in_epoch
 
 
 class StepSampler(Sampler[int]):
@@ -27,7 +28,7 @@ class StepSampler(Sampler[int]):
 
     @property
     def steps_per_epoch(self) -> int:
-        return max(1, self.num_samples // self.global_batch)
+        return steps_in_epoch(self.num_samples, self.global_batch)
 
     def rank_indices(self, permutation: Sequence[int]) -> list[int]:
         """Whole global batches only (a short last batch would change the step size), dealt to ranks."""

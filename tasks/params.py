@@ -27,6 +27,7 @@ class Section(BaseModel):
 
 
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+AUTO = "auto"
 Auto = Literal["auto"]  # chosen from the data at run time (tasks/recipe.py); a number is used as written
 
 
@@ -168,7 +169,7 @@ class TrainParams(Section):
         "val_accuracy", description="validation metric that picks best.pt and drives the plateau scheduler"
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16 on CPU, bf16 (or fp16 + GradScaler where bf16 is missing) on CUDA"
+        "auto", description="auto: bf16 on CPUs with native bf16, else fp32; on CUDA bf16, or fp16 + GradScaler"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
     compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")
@@ -192,7 +193,7 @@ class TrainParams(Section):
     @model_validator(mode="after")
     def _batch_splits(self) -> TrainParams:
         parts = self.nproc_per_node * self.accumulation_steps
-        if self.batch_size != "auto" and self.batch_size % parts:
+        if self.batch_size != AUTO and self.batch_size % parts:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be divisible by nproc_per_node ({self.nproc_per_node}) "
                 f"x accumulation_steps ({self.accumulation_steps})"

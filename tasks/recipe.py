@@ -16,9 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.params import TrainParams
-
-AUTO = "auto"
+from tasks.params import AUTO, TrainParams
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,11 @@ class Recipe:
         }
 
 
+def steps_in_epoch(samples: int, global_batch: int) -> int:
+    """Whole global batches per epoch (a short last batch would change the step size), at least one."""
+    return max(1, samples // global_batch)
+
+
 def _floor_pow2(x: float) -> int:
     return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
 
@@ -90,7 +93,7 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recip
     else:
         batch = int(params.batch_size)
         choices.append(Choice("batch_size", batch, False, "set in params.yaml"))
-    steps_per_epoch = max(1, train_images // batch)
+    steps_per_epoch = steps_in_epoch(train_images, batch)
 
     if params.lr == AUTO:
         base = r.base_lr_adamw if params.optimizer == "adamw" else r.base_lr_sgd
