@@ -32,10 +32,10 @@ from torch.utils.data import DataLoader, Subset
 from torchvision import transforms as T
 
 from tasks import generate
-from tasks.augment import Augment
-from tasks.dataset import ShardDataset
-from tasks.io import read_json
-from tasks.params import AugmentParams, GenerateParams, PreprocessParams
+from tasks.core.io import read_json
+from tasks.core.params import AugmentParams, GenerateParams, PreprocessParams
+from tasks.training.augment import Augment
+from tasks.training.dataset import ShardDataset
 
 BATCH = 64
 

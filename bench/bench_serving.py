@@ -31,16 +31,17 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.core.io import sha256_file  # noqa: E402
+from tasks.core.paths import Paths  # noqa: E402
 from tasks.export import export_onnx, write_metadata  # noqa: E402
-from tasks.imaging import PreprocessSpec, load_array  # noqa: E402
-from tasks.inference import OnnxModel  # noqa: E402
-from tasks.io import sha256_file  # noqa: E402
-from tasks.models import build_model  # noqa: E402
+from tasks.images.imaging import PreprocessSpec, load_array  # noqa: E402
+from tasks.release.inference import OnnxModel  # noqa: E402
+from tasks.training.models import build_model  # noqa: E402
 
 SERVER = """
 import json, sys, uvicorn
 from serving.app import create_app
-from tasks.params import Paths, ServeParams
+from tasks.core.params import Paths, ServeParams
 app = create_app(ServeParams(**json.loads(sys.argv[1])), Paths(**json.loads(sys.argv[2])))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
@@ -54,7 +55,7 @@ def untrained_model(tmp: Path, size: int) -> tuple[Path, Path]:
     onnx.parent.mkdir(parents=True)
     export_onnx(build_model("resnet18", 10).eval(), spec, onnx, opset=18)
     write_metadata(onnx, {"preprocess_spec": spec.model_dump_json()})
-    report = tmp / "reports" / "export.json"
+    report = Paths(reports=tmp / "reports").export_report
     report.parent.mkdir(parents=True)
     report.write_text(json.dumps({"onnx_sha256": sha256_file(onnx)}))
     return onnx, report

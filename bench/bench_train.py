@@ -1,7 +1,15 @@
-"""Train-loop costs on real shards, side by side in one run: data loading vs compute per step, the
-checkpoint write, and the per-step extras (gradient norm, histograms). Prints numbers; asserts nothing.
+"""What the training loop costs, side by side in one run on real shards:
 
-    .venv/bin/python -m bench.bench_train [--shards data/shards] [--steps 20]
+- the real loop (`EpochLoop.fit` + `StepRunner`: data loading, hooks, non-finite checks, gradient norm,
+  TensorBoard logging, progress bar, the end-of-epoch checkpoint) in images/s, validation excluded,
+  its first step excluded as warm-up (timed from a hook);
+- a bare synthetic step of the same model, precision, batch and optimizer on one batch already in
+  memory (forward, loss, backward, step: nothing else);
+- the bare step again with channels_last memory format;
+- then the pieces: loader alone, gradient norm, histograms, checkpoint save.
+Prints numbers; asserts nothing.
+
+    .venv/bin/python -m bench.bench_train [--shards data/shards] [--steps 30]
 Needs shards (dvc repro preprocess). Uses params.yaml's train section (arch, batch size, precision).
 """
 
@@ -15,97 +23,166 @@ from pathlib import Path
 
 import torch
 
-from tasks.augment import Augment
-from tasks.checkpoint import Checkpointer, RunIdentity, capture_rng
-from tasks.dataset import ShardDataset
-from tasks.distributed import World
-from tasks.faults import Faults
-from tasks.imaging import PreprocessSpec
-from tasks.loader import StepSampler, make_loader
-from tasks.models import build_model
-from tasks.monitor import Monitor
-from tasks.optim import Schedule, build_optimizer
-from tasks.params import load_params
-from tasks.precision import resolve_precision
-from tasks.recipe import resolve
-from tasks.runstate import Progress, seed_everything
-from tasks.shards import load_manifest
-from tasks.trainer import Trainer
+from tasks.core.params import TrainParams, load_params
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import ShardSplit, load_manifest
+from tasks.training.augment import Augment
+from tasks.training.checkpoint import Checkpointer, RunIdentity
+from tasks.training.dataset import ShardDataset
+from tasks.training.distributed import World
+from tasks.training.hooks import Hooks
+from tasks.training.loader import StepSampler, make_loader
+from tasks.training.loop import EpochLoop, validate
+from tasks.training.models import build_model, normalize
+from tasks.training.optim import Schedule, build_optimizer
+from tasks.training.precision import Precision, resolve_precision
+from tasks.training.recipe import resolve
+from tasks.training.runtime import seed_everything
+from tasks.training.step import StepRunner
+from tasks.training.telemetry import Telemetry
+
+CPU = torch.device("cpu")
+
+
+class StartClock(Hooks):
+    """Starts the clock when step 2 begins: step 1 (allocations, first kernels) is warm-up, as for the bare step."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def on_step_start(self, step: int) -> None:
+        if step == 2:
+            self.started = time.perf_counter()
+
+
+def real_loop(p: TrainParams, shards: Path, spec: PreprocessSpec, steps: int, tmp: Path) -> tuple[float, float]:
+    """images/s of steps 2..steps+1 of one epoch through the stage's own loop, and the validation seconds."""
+    steps += 1
+    data = ShardDataset(shards, "train", augment=Augment(p.augment), seed=0)
+    gen = torch.Generator().manual_seed(0)
+    sampler = StepSampler(steps * p.batch_size, p.batch_size, World(), gen)  # the first images, `steps` batches
+    loader = make_loader(data, sampler, num_workers=p.num_workers, pin_memory=False, generator=gen)
+    model = build_model(p.arch, len(spec.class_names))
+    optimizer = build_optimizer(model, p)
+    runner = StepRunner(
+        model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, p, steps),
+        precision=resolve_precision(p.precision, CPU), params=p, spec=spec, device=CPU, world=World(),
+        telemetry=Telemetry(tmp / "tb", enabled=True, histogram_every=p.histogram_every_steps, purge_step=None),
+        hooks=(clock := StartClock()),
+    )  # fmt: skip
+    loop = EpochLoop(runner, checkpointer=Checkpointer(tmp / "ckpt", RunIdentity("p" * 64, "d" * 64)), generator=gen)
+    val = ShardSplit.open(shards, "val")
+    val_images = val.all_images()[:64]
+    spent: list[float] = []
+
+    def timed_validate(m: torch.nn.Module) -> dict:
+        tick = time.perf_counter()
+        metrics = validate(m, val_images, val.labels[:64], spec, World())
+        spent.append(time.perf_counter() - tick)
+        return metrics
+
+    loop.fit(loader=loader, sampler=sampler, dataset=data, validate=timed_validate)
+    assert clock.started is not None
+    seconds = time.perf_counter() - clock.started - sum(spent)
+    runner.telemetry.close()
+    return (steps - 1) * p.batch_size / seconds, sum(spent)
+
+
+def bare_steps(p: TrainParams, spec: PreprocessSpec, precision: Precision, steps: int, channels_last: bool) -> float:
+    """images/s of the bare step on one synthetic batch: forward, loss, backward, optimizer step."""
+    torch.manual_seed(0)
+    model = build_model(p.arch, len(spec.class_names)).train()
+    images = torch.randint(0, 256, (p.batch_size, 3, spec.image_size, spec.image_size), dtype=torch.uint8)
+    labels = torch.randint(0, len(spec.class_names), (p.batch_size,))
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(model, p)
+    criterion = torch.nn.CrossEntropyLoss(label_smoothing=p.label_smoothing)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        x = normalize(images, spec)
+        x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        with precision.autocast():
+            loss = criterion(model(x).float(), labels)
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up
+    tick = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * p.batch_size / (time.perf_counter() - tick)
+
+
+def pieces(p: TrainParams, spec: PreprocessSpec, shards: Path, steps: int, tmp: Path) -> dict[str, float]:
+    data = ShardDataset(shards, "train", augment=Augment(p.augment), seed=0)
+    gen = torch.Generator().manual_seed(0)
+    loader = make_loader(data, StepSampler(len(data), p.batch_size, World(), gen), num_workers=p.num_workers,
+                         pin_memory=False, generator=gen)  # fmt: skip
+    tick, count = time.perf_counter(), 0
+    for _ in loader:
+        count += 1
+        if count == steps:
+            break
+    load_ms = 1000 * (time.perf_counter() - tick) / count
+    model = build_model(p.arch, len(spec.class_names))
+    model(torch.zeros(2, 3, spec.image_size, spec.image_size)).sum().backward()
+    grads = [q.grad for q in model.parameters()]
+    tick = time.perf_counter()
+    for _ in range(10):
+        torch.nn.utils.get_total_norm(grads, foreach=True).item()
+    norm_ms = 100 * (time.perf_counter() - tick)
+    telemetry = Telemetry(tmp / "hist", enabled=True, histogram_every=1, purge_step=None)
+    tick = time.perf_counter()
+    telemetry.histograms(1, model)
+    hist_s = time.perf_counter() - tick
+    telemetry.close()
+    optimizer = build_optimizer(model, p)
+    ckpt = Checkpointer(tmp / "save", RunIdentity("p" * 64, "d" * 64))
+    save_s = []
+    for _ in range(3):
+        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": {}, "scaler": None,
+                   "stats": {}, "progress": {}, "rng": {}}  # fmt: skip
+        tick = time.perf_counter()
+        ckpt.save(payload, is_best=False)
+        save_s.append(time.perf_counter() - tick)
+    return {"load_ms": load_ms, "norm_ms": norm_ms, "hist_s": hist_s, "save_s": statistics.median(save_s),
+            "ckpt_mb": ckpt.last.stat().st_size / 1e6}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=None)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
     args = parser.parse_args()
-    p = load_params()
-    shards = args.shards or p.paths.shards
-    cpu = torch.device("cpu")
-    seed_everything(0, p.train.threads or torch.get_num_threads(), cpu)
+    params = load_params()
+    shards = args.shards or params.paths.shards
+    seed_everything(0, params.train.threads or torch.get_num_threads(), CPU)
     spec = PreprocessSpec.model_validate(load_manifest(shards)["spec"])
-    data = ShardDataset(shards, "train", augment=Augment(p.train.augment), seed=0)
-    p = p.model_copy(update={"train": resolve(p.train, len(data)).params})  # the batch and lr the stage would use
-    gen = torch.Generator().manual_seed(0)
-    sampler = StepSampler(len(data), p.train.batch_size, World(), gen)
-    loader = make_loader(data, sampler, num_workers=p.train.num_workers, pin_memory=False, generator=gen)
-    batches = []
-    tick, cpu0 = time.perf_counter(), time.process_time()
-    for images, labels, _ in loader:
-        batches.append((images, labels))
-        if len(batches) == args.steps:
-            break
-    load_ms = 1000 * (time.perf_counter() - tick) / len(batches)
-    load_cpu_ms = 1000 * (time.process_time() - cpu0) / len(batches)  # this process only: num_workers 0
-
-    model = build_model(p.train.arch, len(spec.class_names))
-    optimizer = build_optimizer(model, p.train)
+    train_images = len(ShardSplit.open(shards, "train").labels)
+    p = resolve(params.train, train_images).params  # the batch and lr the stage would use
+    p = p.model_copy(update={"epochs": 1, "warmup_epochs": 0.0})
+    precision = resolve_precision(p.precision, CPU)
+    steps = min(args.steps, train_images // p.batch_size - 1)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(
-            model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, p.train, len(batches)),
-            precision=resolve_precision(p.train.precision, cpu), params=p.train, spec=spec, device=cpu,
-            world=World(), monitor=Monitor(Path(tmp), enabled=True, histogram_every=1, purge_step=None),
-            faults=Faults(),
-        )  # fmt: skip
-        model.train()
-        progress = Progress()
-        trainer.step(*batches[0], progress)  # warm-up
-        step_ms, step_cpu_ms, norm_ms, hist_s = [], [], [], []
-        grads = [q for q in model.parameters()]
-        for images, labels in batches[1:]:
-            tick, cpu0 = time.perf_counter(), time.process_time()
-            trainer.step(images, labels, progress)
-            step_ms.append(1000 * (time.perf_counter() - tick))
-            step_cpu_ms.append(1000 * (time.process_time() - cpu0))
-            tick = time.perf_counter()
-            torch.nn.utils.get_total_norm([q.grad for q in grads], foreach=True).item()
-            norm_ms.append(1000 * (time.perf_counter() - tick))
-        for _ in range(2):
-            tick = time.perf_counter()
-            trainer.monitor.histograms(1, model)
-            hist_s.append(time.perf_counter() - tick)
-        trainer.monitor.close()
-        ckpt = Checkpointer(Path(tmp) / "ckpt", RunIdentity("p" * 64, "d" * 64))
-        save_s = []
-        for _ in range(3):
-            payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "schedule": {},
-                       "scaler": None, "progress": {}, "rng": capture_rng(gen.get_state())}  # fmt: skip
-            tick = time.perf_counter()
-            ckpt.save(payload, is_best=False)
-            save_s.append(time.perf_counter() - tick)
-        size_mb = ckpt.last.stat().st_size / 1e6
-    step, step_cpu = statistics.median(step_ms), statistics.median(step_cpu_ms)
-    threads = torch.get_num_threads()
-    mid_ms = statistics.median(norm_ms)
-    print(f"shards {shards}: {len(data)} train images, batch {p.train.batch_size}, {p.train.arch}, "
-          f"{trainer.precision.name}, {threads} threads, num_workers {p.train.num_workers}")  # fmt: skip
-    print(f"data loading (loader alone)   {load_ms:8.1f} ms/batch wall, {load_cpu_ms:.1f} ms CPU")
-    print(f"optimizer step (compute)      {step:8.1f} ms/step wall ({p.train.batch_size / step * 1000:.0f} img/s), "
-          f"{step_cpu:.1f} ms CPU")  # fmt: skip
-    print(f"data wait share if the loader runs in the training process: {load_ms / (load_ms + step):.2%}")
-    print(f"gradient norm (in each step)  {mid_ms:8.2f} ms ({mid_ms / step:.2%} of a step)")
-    print(f"histograms (every N steps)    {statistics.median(hist_s):8.2f} s per call")
-    print(f"checkpoint save ({size_mb:.0f} MB)     {statistics.median(save_s):8.2f} s per save")
-    print("CPU time includes OpenMP spin-waits: on a busy machine both wall and CPU figures inflate.")
+        loop, val_s = real_loop(p, shards, spec, steps, Path(tmp))
+        bare = bare_steps(p, spec, precision, steps, channels_last=False)
+        last = bare_steps(p, spec, precision, steps, channels_last=True)
+        parts = pieces(p, spec, shards, steps, Path(tmp))
+    print(
+        f"shards {shards}: {train_images} train images, batch {p.batch_size}, {p.arch}, {spec.image_size} px, "
+        f"{precision.name}, {torch.get_num_threads()} threads, num_workers {p.num_workers}, {steps} steps each"
+    )
+    print(f"real loop (data, hooks, checks, logging, checkpoint) {loop:7.1f} img/s  ({loop / bare:.3f}x the bare step)")
+    print(f"bare synthetic step, contiguous                      {bare:7.1f} img/s")
+    print(f"bare synthetic step, channels_last                   {last:7.1f} img/s  ({last / bare:.3f}x contiguous)")
+    print(f"  (validation of 64 images at the epoch end, excluded above: {val_s:.2f} s)")
+    print(f"data loading (loader alone)   {parts['load_ms']:8.1f} ms/batch")
+    print(f"gradient norm (in each step)  {parts['norm_ms']:8.2f} ms")
+    print(f"histograms (every N steps)    {parts['hist_s']:8.2f} s per call")
+    print(f"checkpoint save ({parts['ckpt_mb']:.0f} MB)     {parts['save_s']:8.2f} s per save")
+    print("Run it on a quiet machine: two heavy jobs on 2 cores slow each other several-fold.")
 
 
 if __name__ == "__main__":

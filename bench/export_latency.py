@@ -22,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.export import export_onnx, write_metadata  # noqa: E402
-from tasks.imaging import PreprocessSpec  # noqa: E402
-from tasks.inference import OnnxModel, median_latency_ms  # noqa: E402
-from tasks.models import build_model, load_model_file, normalize  # noqa: E402
-from tasks.quantize import calibration_sample, quantize_int8  # noqa: E402
+from tasks.images.imaging import PreprocessSpec  # noqa: E402
+from tasks.release.inference import OnnxModel, median_latency_ms  # noqa: E402
+from tasks.release.quantize import calibration_sample, quantize_int8  # noqa: E402
+from tasks.training.models import build_model, load_model_file, normalize  # noqa: E402
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tasks import preprocess
-from tasks.params import PreprocessParams
+from tasks.core.params import PreprocessParams
 
 
 def cpu(before: resource.struct_rusage, after: resource.struct_rusage) -> float:

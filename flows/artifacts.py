@@ -13,11 +13,16 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.regression import Verdict, format_table
+from tasks.core.paths import Paths
+from tasks.release.verdict import Verdict, format_table
 
-# The report each stage writes under paths.reports (named as in the stages' main(); tests/test_flow.py
-# checks that dvc.yaml declares each one as that stage's output).
-STAGE_REPORTS = {"evaluate": "metrics.json", "export": "export.json", "check_regression": "regression.md"}
+
+def stage_reports(paths: Paths) -> dict[str, Path]:
+    """The report each stage's artifact is made from (tests/flows/test_flow.py checks that dvc.yaml declares
+    each one as that stage's output)."""
+    return {"evaluate": paths.metrics, "export": paths.export_report, "check_regression": paths.regression_md}
+
+
 KEYS = {
     "evaluate": "train-flow-metrics",
     "export": "train-flow-export-parity",

@@ -1,19 +1,17 @@
-"""The DAG of dvc.yaml, read from dvc.yaml itself: stages, their resolved deps/outs, and run order.
+"""The DAG of dvc.yaml, as DVC itself resolves it: stages, their deps/outs, and which stages feed which.
 
-Prefect flows take their tasks from here, so there is one declaration of the pipeline, not two.
+`dvc.repo.Repo(...).index` interpolates `${...}` from params.yaml, expands `foreach`/`matrix` and
+`vars`, and builds the stage graph from overlapping outs and deps, exactly as `dvc repro` will run
+it. Prefect flows take their tasks from here, so there is one declaration of the pipeline, not two.
 """
 
 from __future__ import annotations
 
 import graphlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import yaml
-
-_TEMPLATE = re.compile(r"\$\{\s*([\w.]+)\s*\}")
+from dvc.repo import Repo
 
 
 @dataclass(frozen=True)
@@ -21,61 +19,30 @@ class Stage:
     name: str
     cmd: str
     deps: tuple[str, ...]
-    outs: tuple[str, ...]
-    params: tuple[str, ...]
-
-
-def _resolve(text: str, params: dict[str, Any]) -> str:
-    def value(match: re.Match[str]) -> str:
-        node: Any = params
-        for part in match.group(1).split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise KeyError(f"dvc.yaml: ${{{match.group(1)}}} is not a key of params.yaml")
-            node = node[part]
-        return str(node)
-
-    return _TEMPLATE.sub(value, text)
-
-
-def _paths(entries: list[Any] | None) -> list[str]:
-    """Path strings from a DVC list whose items are `path` or `{path: {options}}`."""
-    out = []
-    for entry in entries or []:
-        out.extend(entry.keys() if isinstance(entry, dict) else [entry])
-    return out
+    outs: tuple[str, ...]  # outs, metrics and plots alike, as paths relative to the repository
+    upstream: frozenset[str]  # the stages whose outputs this one depends on
 
 
 def load_stages(repo_dir: Path = Path(".")) -> dict[str, Stage]:
-    pipeline = yaml.safe_load((repo_dir / "dvc.yaml").read_text())
-    params = yaml.safe_load((repo_dir / "params.yaml").read_text())
-    stages = {}
-    for name, body in pipeline["stages"].items():
-        outs = [*_paths(body.get("outs")), *_paths(body.get("metrics")), *_paths(body.get("plots"))]
-        stages[name] = Stage(
-            name=name,
-            cmd=body["cmd"],
-            deps=tuple(_resolve(d, params) for d in _paths(body.get("deps"))),
-            outs=tuple(_resolve(o, params) for o in outs),
-            params=tuple(_paths(body.get("params"))),
-        )
-    return stages
-
-
-def _is_under(path: str, root: str) -> bool:
-    p, r = Path(path), Path(root)
-    return p == r or r in p.parents
+    """The stages of `repo_dir`'s dvc.yaml, in an order where every stage follows its upstream ones."""
+    with Repo(str(repo_dir)) as repo:
+        graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
+        stages = {}
+        for stage in graph.nodes:
+            cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd)
+            stages[stage.addressing] = Stage(
+                name=stage.addressing,
+                cmd=cmd,
+                deps=tuple(str(dep.def_path) for dep in stage.deps),
+                outs=tuple(str(out.def_path) for out in stage.outs),
+                upstream=frozenset(dependency.addressing for dependency in graph.successors(stage)),
+            )
+    return {name: stages[name] for layer in layers(stages) for name in layer}
 
 
 def upstream(stages: dict[str, Stage]) -> dict[str, set[str]]:
     """For each stage, the stages whose outputs it depends on."""
-    return {
-        name: {
-            other.name
-            for other in stages.values()
-            if other.name != name and any(_is_under(dep, out) for dep in stage.deps for out in other.outs)
-        }
-        for name, stage in stages.items()
-    }
+    return {name: set(stage.upstream) for name, stage in stages.items()}
 
 
 def layers(stages: dict[str, Stage]) -> list[list[str]]:

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from flows.shell import output
-from tasks.io import sha256_file
-from tasks.params import Params, section_hash
-from tasks.shards import MANIFEST
+from tasks.core.io import sha256_file
+from tasks.core.params import Params, section_hash
+from tasks.images.shards import MANIFEST
 
-MANIFEST_NAME = "run_manifest.json"
 VERSIONED = ("torch", "torchvision", "prefect", "dvc", "onnx", "onnxruntime", "numpy")
 MAX_LISTED_CHANGES = 20
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,41 +17,27 @@ from prefect import flow, get_run_logger, task
 from prefect.states import Failed, State
 
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
-from tasks.baseline import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, load_baseline
-from tasks.inference import ModelIntegrityError, OnnxModel, score_split
-from tasks.io import read_json
-from tasks.params import PARAMS_FILE, Params, load_params
-from tasks.regression import compare, format_table
-
-EXPORT_REPORT = "export.json"  # written by the export stage: onnx_sha256 of the file it proved equal
+from tasks.core.params import PARAMS_FILE, Params, load_params
+from tasks.core.paths import BASELINE_METRICS
+from tasks.release.inference import ModelIntegrityError, score_split
+from tasks.release.production import ProductionModel, ProductionModelError, load_baseline, promoted_model
+from tasks.release.verdict import compare, format_table
 
 
 class RegressionFound(RuntimeError):
     """The production model scores worse than the baseline beyond a rule's tolerance."""
 
 
-@dataclass(frozen=True)
-class ProductionModel:
-    path: Path
-    expected_sha256: str
-    source: str  # where the file and its expected hash come from, for the verdict
-
-
 def _promoted_model(repo: Path, params: Params) -> ProductionModel:
-    """baseline/model.onnx, with the hash `make promote` recorded for it in baseline/model.json."""
-    baseline = params.paths.baseline
-    record, path = baseline / BASELINE_MODEL, baseline / BASELINE_ONNX
-    for needed in (record, path):
-        if not (repo / needed).is_file():
-            hint = f"`dvc pull {needed}.dvc`" if (repo / f"{needed}.dvc").is_file() else "promote one (make promote)"
-            raise FileNotFoundError(f"{repo / needed}: no promoted model here; {hint}")
-    expected = read_json(repo / record)["onnx_sha256"]
-    return ProductionModel(repo / path, expected, f"{path}, hash recorded in {record}")
+    model = promoted_model(params.paths, repo)
+    if model is None:
+        raise ProductionModelError(f"{repo / params.paths.baseline_onnx}: no promoted model here; make promote")
+    return model
 
 
 def _model_at_revision(repo: Path, params: Params, revision: str, scratch: Path) -> ProductionModel:
     """paths.onnx as of a git revision (from the DVC cache), with the hash its export stage recorded."""
-    report = params.paths.reports / EXPORT_REPORT
+    report = params.paths.export_report
     try:
         expected = json.loads(dvc.api.read(str(report), repo=str(repo), rev=revision))["onnx_sha256"]
         data = dvc.api.read(str(params.paths.onnx), repo=str(repo), rev=revision, mode="rb")
@@ -60,14 +45,13 @@ def _model_at_revision(repo: Path, params: Params, revision: str, scratch: Path)
         raise FileNotFoundError(f"revision {revision!r}: cannot read {params.paths.onnx} or {report}: {exc}") from exc
     path = scratch / params.paths.onnx.name
     path.write_bytes(data)
-    return ProductionModel(path, expected, f"{params.paths.onnx} at {revision}, hash recorded in {report}")
+    return ProductionModel(path, expected, "revision", f"{params.paths.onnx} at {revision}, hash recorded in {report}")
 
 
 @task(name="score-production-model", cache_policy=None)
 def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str, Any]:
     """The file's hash is checked before onnxruntime reads it; then the fixed test split is scored."""
-    loaded = OnnxModel.load(model.path, expected_sha256=model.expected_sha256)
-    return score_split(loaded, shard_dir, "test", batch_size)
+    return score_split(model.load(), shard_dir, "test", batch_size)
 
 
 @flow(name="regression-flow", log_prints=True)
@@ -94,7 +78,7 @@ def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[st
             if revision is None
             else _model_at_revision(repo, params, revision, Path(scratch))
         )
-        logger.info("production model: %s", model.source)
+        logger.info("production model: %s", model.detail)
         try:
             metrics = score(model, repo / params.paths.shards, params.regression.batch_size)
         except ModelIntegrityError as exc:
@@ -102,7 +86,7 @@ def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[st
             raise
     verdict = compare(metrics, baseline, params.regression.rules)
     notes = [
-        f"model: {model.source}; sha256 `{model.expected_sha256}` verified before use",
+        f"model: {model.detail}; sha256 `{model.expected_sha256}` verified before use",
         f"test set: {metrics['num_samples']} images, sha256 `{metrics.get('test_set_sha256')}`",
         f"baseline: {params.paths.baseline / BASELINE_METRICS}",
     ]

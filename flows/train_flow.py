@@ -1,7 +1,9 @@
 """train-flow: the stages of dvc.yaml as Prefect tasks, each run through `dvc repro --single-item`.
 
-Stages run layer by layer in dvc.yaml's dependency order; the stages of one layer (evaluate and
-export) run at the same time. DVC skips what is unchanged and records every run in dvc.lock.
+Each stage's task is submitted with `wait_for` the stages it depends on (the graph DVC builds from
+dvc.yaml), so it starts as soon as its own inputs are ready, independent stages (evaluate and export)
+run at the same time, and the Prefect UI draws the DAG's edges. DVC skips what is unchanged and
+records every run in dvc.lock.
 Per run: artifacts (metrics, export parity, regression verdict, run manifest), reports/run_manifest.json,
 and `dvc push` when a DVC remote is configured.
 """
@@ -17,12 +19,12 @@ from prefect import flow, get_run_logger, runtime, task
 from prefect.futures import PrefectFuture, wait
 from pydantic import Field
 
-from flows.artifacts import STAGE_REPORTS, publish_manifest, publish_report
-from flows.dag import layers, load_stages
-from flows.manifest import MANIFEST_NAME, build_manifest
+from flows.artifacts import publish_manifest, publish_report, stage_reports
+from flows.dag import load_stages
+from flows.manifest import build_manifest
 from flows.shell import output, stage_env, stream
-from tasks.io import write_json
-from tasks.params import PARAMS_FILE, Params, load_params
+from tasks.core.io import write_json
+from tasks.core.params import PARAMS_FILE, Params, load_params
 
 __all__ = ["StageFailed", "run_stage", "stage_env", "train_flow"]
 
@@ -91,7 +93,7 @@ def record_run(repo: Path, params: Params, stages: dict[str, str], status: str) 
         "deployment": runtime.deployment.name,
     }
     manifest = build_manifest(repo, params, flow_run=flow_run, stages=stages, status=status)
-    path = repo / params.paths.reports / MANIFEST_NAME
+    path = repo / params.paths.run_manifest
     write_json(path, manifest)
     publish_manifest(manifest, path.relative_to(repo))
     return path
@@ -99,7 +101,9 @@ def record_run(repo: Path, params: Params, stages: dict[str, str], status: str) 
 
 def _outcome(future: PrefectFuture[str]) -> str:
     state = future.state
-    return future.result() if state.is_completed() else state.name.lower()
+    if state.is_completed():
+        return future.result()
+    return state.name.lower() if state.is_final() else "not run"  # NotReady: an upstream stage failed
 
 
 @flow(name="train-flow", log_prints=True)
@@ -110,7 +114,7 @@ def train_flow(
     push: bool = True,
     remote: str | None = None,
 ) -> dict[str, str]:
-    """Run every stage of dvc.yaml in dependency order; independent stages run concurrently.
+    """Run every stage of dvc.yaml, each as soon as its upstream stages are done; independent ones concurrently.
 
     Operational knobs only (hyperparameters live in params.yaml): `train_retries` reruns a failed
     train stage, which resumes from its checkpoint; `push`/`remote` choose where `dvc push` sends
@@ -121,19 +125,18 @@ def train_flow(
     params = load_params(repo / PARAMS_FILE)
     stages = load_stages(repo)
     outcomes = {name: "not run" for name in stages}
-    reports = {name: str(params.paths.reports / file) for name, file in STAGE_REPORTS.items()}
+    reports = {name: str(path) for name, path in stage_reports(params.paths).items()}
     try:
-        for layer in layers(stages):
-            futures = {
-                name: run_stage.with_options(
-                    retries=train_retries if name == "train" else 0, retry_delay_seconds=retry_delay_seconds
-                ).submit(name, str(repo), reports.get(name))
-                for name in layer
-            }
-            wait(list(futures.values()))
-            outcomes.update({name: _outcome(future) for name, future in futures.items()})
-            for future in futures.values():
-                future.result()  # raises the first failure, naming its stage
+        futures: dict[str, PrefectFuture[str]] = {}
+        for name, stage in stages.items():  # upstream stages come first
+            futures[name] = run_stage.with_options(
+                retries=train_retries if name == "train" else 0, retry_delay_seconds=retry_delay_seconds
+            ).submit(name, str(repo), reports.get(name), wait_for=[futures[up] for up in sorted(stage.upstream)])
+        wait(list(futures.values()))
+        outcomes.update({name: _outcome(future) for name, future in futures.items()})
+        for future in futures.values():
+            if future.state.is_final():
+                future.result()  # raises the first failure in DAG order, naming its stage
         if push:
             outcomes["dvc push"] = push_outputs(str(repo), remote)
     except BaseException:

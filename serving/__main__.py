@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uvicorn
 
-from tasks.params import load_params
+from tasks.core.params import load_params
 
 
 def main() -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import numpy as np
-import torch
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -25,11 +24,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_reason
-from serving.model import ModelSource, load_production_model
 from serving.monitoring import Metrics, ReviewFolder, log
-from tasks.imaging import ImageError, load_array
-from tasks.inference import OnnxModel
-from tasks.params import Params, Paths, ServeParams, load_params
+from tasks.core.params import Params, Paths, ServeParams, load_params
+from tasks.images.imaging import ImageError, load_array
+from tasks.release.inference import OnnxModel, ranked, softmax
+from tasks.release.production import ProductionModel, production_model
 
 # Bad bytes are the client's problem: each ImageError reason gets a 4xx, never a 5xx.
 STATUS_BY_REASON = {
@@ -85,7 +84,7 @@ PLAIN_REASONS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"
 @dataclass
 class State:
     model: OnnxModel | None = None
-    source: ModelSource | None = None
+    source: ProductionModel | None = None
     error: str | None = None
 
     @property
@@ -97,7 +96,8 @@ class State:
 
 def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
     try:
-        model, source = load_production_model(paths, serve.threads)
+        source = production_model(paths)
+        model = source.load(serve.threads)
         size = model.spec.image_size
         for batch in [1] * serve.warmup_runs + ([serve.max_batch_files] if serve.warmup_runs else []):
             model.logits(np.zeros((batch, 3, size, size), np.uint8))
@@ -169,15 +169,13 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
                 arrays.append(load_array(data, model.spec, max_pixels=serve.max_pixels))
             except ImageError as exc:
                 raise ImageError(exc.reason, f"{name}: {exc.detail}") from None
-        logits = model.logits(np.stack(arrays)).astype(np.float64)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
+        probs = softmax(model.logits(np.stack(arrays)))
         return [record(name, data, row) for (name, data), row in zip(items, probs, strict=True)]
 
     def record(name: str, data: bytes, probs: np.ndarray) -> ImagePrediction:
         model = state.model
         assert model is not None
-        order = np.argsort(-probs, kind="stable")
+        order = ranked(probs)
         top1 = float(probs[order[0]])
         margin = top1 - float(probs[order[1]]) if len(order) > 1 else top1
         low = top1 < serve.low_confidence
@@ -246,6 +244,5 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
 def app_from_params() -> FastAPI:
     """uvicorn's factory (`make serve`): params.yaml's `serve` and `paths` sections."""
     params: Params = load_params()
-    torch.set_num_threads(params.serve.threads)  # normalisation runs in torch: same budget as onnxruntime
     logging.basicConfig(level=logging.INFO, format="[serve] %(levelname)s %(message)s")
     return create_app(params.serve, params.paths)

@@ -19,7 +19,7 @@ from typing import Any
 from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from tasks.imaging import IMAGE_SUFFIXES, is_image_name
+from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
 
 log = logging.getLogger("serving")
 

@@ -1,6 +1,6 @@
 """Stage check_regression: exported ONNX (hash-verified) + test shards + baseline/ -> regression.json, .md.
 
-The model that ships is scored through the serving path (tasks.inference) on the fixed test split
+The model that ships is scored through the serving path (tasks.release.inference) on the fixed test split
 and compared with the promoted baseline under params.yaml's rules; the export's deferred gates
 (INT8 vs fp32, recorded in export.json) are part of the same verdict. Exits 1 on any failed rule or
 gate, and on a baseline scored on another test set (one `different test set` line), except inside
@@ -15,13 +15,15 @@ import os
 import sys
 from pathlib import Path
 
-from tasks.baseline import BASELINE_METRICS, load_baseline, load_verified_model
-from tasks.cli import StageError, stage_main
-from tasks.inference import score_split
-from tasks.io import atomic_file, read_json, write_json
-from tasks.params import Params, RegressionParams
-from tasks.parity import Check
-from tasks.regression import Verdict, compare, format_table
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import atomic_file, read_json, write_json
+from tasks.core.params import Params, RegressionParams
+from tasks.core.paths import BASELINE_METRICS
+from tasks.release.inference import score_split
+from tasks.release.parity import Check
+from tasks.release.production import load_baseline, load_verified_model
+from tasks.release.verdict import Verdict, compare, format_table
 
 log = logging.getLogger(__name__)
 
@@ -85,30 +87,30 @@ def experiment_name() -> str | None:
     return os.environ.get("DVC_EXP_NAME") or None
 
 
-def _main(p: Params) -> None:
+def _main(p: Params) -> int:
     verdict = run(
         p.regression,
         onnx_path=p.paths.onnx,
-        export_report=p.paths.reports / "export.json",
+        export_report=p.paths.export_report,
         shard_dir=p.paths.shards,
         baseline_dir=p.paths.baseline,
-        verdict_path=p.paths.reports / "regression.json",
-        table_path=p.paths.reports / "regression.md",
-        gate_path=p.paths.reports / "gate.json",
+        verdict_path=p.paths.regression_json,
+        table_path=p.paths.regression_md,
+        gate_path=p.paths.gate,
     )
     if verdict.passed:
         log.info("%s", verdict.summary())
-        return
+        return 0
     details = "".join(f"\n  {r.describe()}" for r in verdict.failures) if not verdict.mismatch else ""
     experiment = experiment_name()
     if experiment:
         # An experiment explores: a failed stage would make `dvc exp run` keep nothing, metrics included.
         log.warning("%s%s\nexperiment %s: verdict '%s' recorded in %s (dvc exp show), not enforced; `dvc repro`, "
                     "make run, train-flow/prod and the nightly enforce it", verdict.summary(), details, experiment,
-                    verdict.status, p.paths.reports / "gate.json")  # fmt: skip
-        return
+                    verdict.status, p.paths.gate)  # fmt: skip
+        return 0
     print(f"[check_regression] {verdict.summary()}{details}", file=sys.stderr)
-    sys.exit(1)
+    return 1
 
 
 def main() -> None:

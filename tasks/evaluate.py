@@ -6,13 +6,13 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.cli import stage_main
-from tasks.io import write_json
-from tasks.metrics import classification_metrics, confusion_matrix
-from tasks.models import load_model_file, predict_logits
-from tasks.params import EvaluateParams
-from tasks.plots import plot_confusion
-from tasks.shards import ShardSplit
+from tasks.core.cli import stage_main
+from tasks.core.io import write_json
+from tasks.core.metrics import classification_metrics, confusion_matrix
+from tasks.core.params import EvaluateParams, Params
+from tasks.core.plots import plot_confusion
+from tasks.images.shards import ShardSplit
+from tasks.training.models import load_model_file, predict_logits
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +54,19 @@ def run(
     return EvaluateResult(metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"])
 
 
-def main() -> None:
-    stage_main(
-        "evaluate",
-        lambda p: run(
-            p.evaluate,
-            model_path=p.paths.model,
-            shard_dir=p.paths.shards,
-            metrics_path=p.paths.reports / "metrics.json",
-            confusion_json=p.paths.reports / "confusion.json",
-            confusion_png=p.paths.reports / "confusion.png",
-        ),
+def _main(p: Params) -> None:
+    run(
+        p.evaluate,
+        model_path=p.paths.model,
+        shard_dir=p.paths.shards,
+        metrics_path=p.paths.metrics,
+        confusion_json=p.paths.confusion_json,
+        confusion_png=p.paths.confusion_png,
     )
+
+
+def main() -> None:
+    stage_main("evaluate", _main)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Stage export: model.pt + shards -> model.onnx (+ INT8 ONNX, TorchScript), each proven equal to PyTorch.
 
 Every format is scored on the whole test split and gated by params.yaml (ONNX through
-tasks.inference, the serving path, with the spec read back from the file's own metadata). Files
+tasks.release.inference, the serving path, with the spec read back from the file's own metadata). Files
 are built beside their final paths and moved into place only when every gate passes. Parity goes to
 export.json (byte-stable); latency goes to a timings file of its own.
 """
@@ -28,15 +28,16 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from tasks.cli import StageError, stage_main
-from tasks.imaging import PreprocessSpec
-from tasks.inference import OnnxModel, median_latency_ms
-from tasks.io import atomic_dir, sha256_file, write_json
-from tasks.models import load_model_file, normalize, predict_logits
-from tasks.params import ExportParams, Params, derive_seed, section_hash
-from tasks.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
-from tasks.quantize import calibration_sample, quantize_int8
-from tasks.shards import MANIFEST, ShardSplit
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import atomic_dir, sha256_file, write_json
+from tasks.core.params import ExportParams, Params, derive_seed, section_hash
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import MANIFEST, ShardSplit
+from tasks.release.inference import OnnxModel, median_latency_ms
+from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
+from tasks.release.quantize import calibration_sample, quantize_int8
+from tasks.training.models import load_model_file, normalize, predict_logits
 
 log = logging.getLogger(__name__)
 
@@ -301,8 +302,8 @@ def _main(p: Params) -> None:
         shard_dir=p.paths.shards,
         onnx_path=p.paths.onnx,
         exports_dir=p.paths.exports,
-        report_path=p.paths.reports / "export.json",
-        timings_path=p.paths.reports / "export_timings.json",
+        report_path=p.paths.export_report,
+        timings_path=p.paths.export_timings,
     )
 
 

@@ -1,6 +1,6 @@
 """Generate stage: GenerateParams + seed -> the embedded default ImageFolder at paths.generated.
 
-out_dir/<class>/<class>_<index:05d>.png|.jpg, drawn by tasks.synth; every image depends only on
+out_dir/<class>/<class>_<index:05d>.png|.jpg, drawn by tasks.images.synth; every image depends only on
 (seed, class, index), so the bytes are the same for any worker count.
 """
 
@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from tasks import synth
-from tasks.cli import StageError, stage_main
-from tasks.io import atomic_dir
-from tasks.params import GenerateParams, Params, derive_seed
-from tasks.validation import check_data_folders
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import atomic_dir
+from tasks.core.params import GenerateParams, Params, derive_seed
+from tasks.images import synth
+from tasks.images.validation import check_data_folders
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,14 @@ def run(params: GenerateParams, *, seed: int, out_dir: Path) -> GenerateResult:
     return GenerateResult(num_images=len(jobs), class_names=names, out_dir=Path(out_dir))
 
 
-def body(params: Params) -> None:
+def _main(params: Params) -> None:
     """Generate the default dataset, or only a SKIPPED.txt marker when data.source is elsewhere."""
     source, generated = params.data.source, params.paths.generated
     if generated.resolve() in source.resolve().parents:
         raise StageError(f"data.source ({source}) lies inside paths.generated ({generated})")
     check_data_folders(params.data, generated)  # the first stage: a mistyped folder stops the run here
     if source.resolve() != generated.resolve():
-        print(f"[generate] using your data at {source}; skipping generation")
+        log.info("using your data at %s; skipping generation", source)
         # DVC needs the declared output to exist, so leave a marker saying which data is used.
         with atomic_dir(generated) as tmp:
             (tmp / "SKIPPED.txt").write_text(f"Generation skipped: data.source is {source}, not {generated}.\n")
@@ -107,7 +108,7 @@ def body(params: Params) -> None:
 
 
 def main() -> None:
-    stage_main("generate", body)
+    stage_main("generate", _main)
 
 
 if __name__ == "__main__":

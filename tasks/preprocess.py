@@ -17,13 +17,22 @@ from typing import Any
 
 from tqdm import tqdm
 
-from tasks.cli import StageError, stage_main
-from tasks.imaging import PreprocessSpec
-from tasks.io import atomic_dir, dumps_json
-from tasks.params import Params, PreprocessParams, derive_seed
-from tasks.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, ShardWriter, class_counts, schema_description
-from tasks.splits import Plan, plan, split_of
-from tasks.validation import (
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import atomic_dir, dumps_json
+from tasks.core.params import Params, PreprocessParams, derive_seed
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import (
+    FORMAT_VERSION,
+    MANIFEST,
+    QUARANTINE,
+    SPLITS,
+    ShardWriter,
+    class_counts,
+    schema_description,
+)
+from tasks.images.splits import Plan, plan, split_of
+from tasks.images.validation import (
     SOURCE,
     TEST_SOURCE,
     Candidate,
@@ -38,7 +47,7 @@ from tasks.validation import (
     hash_file,
     worker_init,
 )
-from tasks.workpool import isolated_map
+from tasks.images.workpool import isolated_map
 
 log = logging.getLogger(__name__)
 

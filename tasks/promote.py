@@ -7,6 +7,7 @@ by DVC (`dvc add`). Only this explicit command moves the baseline; commit baseli
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -14,11 +15,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.baseline import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, load_verified_model
-from tasks.cli import StageError
-from tasks.io import read_json, sha256_file, write_json
-from tasks.params import PARAMS_FILE, ParamsError, load_params
-from tasks.shards import MANIFEST
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import read_json, sha256_file, write_json
+from tasks.core.params import Params
+from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
+from tasks.images.shards import MANIFEST
+from tasks.release.production import load_verified_model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -82,28 +87,30 @@ def run(
     return PromoteResult(files, model.sha256, float(metrics["accuracy"]), bool(verdict.get("passed")))
 
 
-def main() -> None:
-    try:
-        params = load_params(PARAMS_FILE)
-        paths = params.paths
-        result = run(
-            onnx_path=paths.onnx,
-            model_path=paths.model,
-            export_report=paths.reports / "export.json",
-            verdict_path=paths.reports / "regression.json",
-            shard_dir=paths.shards,
-            baseline_dir=paths.baseline,
-        )
-    except (ParamsError, StageError) as exc:
-        print(f"[promote] error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    if not result.passed_gate:
-        print("[promote] note: this model failed the gate against the previous baseline; promoting accepts that")
-    print(
-        f"[promote] baseline <- {paths.onnx} (sha256 {result.onnx_sha256[:16]}..., test accuracy "
-        f"{result.accuracy:.4f}); tracked by DVC. To keep it:\n"
-        f"  git add {paths.baseline} && git commit -m 'promote baseline'   # and `dvc push` to share it"
+def _main(params: Params) -> None:
+    paths = params.paths
+    result = run(
+        onnx_path=paths.onnx,
+        model_path=paths.model,
+        export_report=paths.export_report,
+        verdict_path=paths.regression_json,
+        shard_dir=paths.shards,
+        baseline_dir=paths.baseline,
     )
+    if not result.passed_gate:
+        log.warning("note: this model failed the gate against the previous baseline; promoting accepts that")
+    log.info(
+        "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it:\n"
+        "  git add %s && git commit -m 'promote baseline'   # and `dvc push` to share it",
+        paths.onnx,
+        result.onnx_sha256[:16],
+        result.accuracy,
+        paths.baseline,
+    )
+
+
+def main() -> None:
+    stage_main("promote", _main)
 
 
 if __name__ == "__main__":

@@ -14,21 +14,21 @@ from pathlib import Path
 
 import torch
 
-from tasks.cli import StageError, stage_main
-from tasks.dataset import ShardDataset
-from tasks.distributed import World, resolve_device
-from tasks.faults import Faults
-from tasks.imaging import PreprocessSpec
-from tasks.io import write_json
-from tasks.loader import StepSampler, make_loader
-from tasks.models import build_model
-from tasks.monitor import Monitor
-from tasks.optim import Schedule, build_optimizer
-from tasks.params import Params, SanityParams, TrainParams, derive_seed
-from tasks.precision import resolve_precision
-from tasks.runstate import Progress, cpu_threads, seed_everything
-from tasks.shards import load_manifest
-from tasks.trainer import NonFiniteError, Trainer
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import write_json
+from tasks.core.params import Params, SanityParams, TrainParams, derive_seed
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import load_manifest
+from tasks.training.dataset import ShardDataset
+from tasks.training.distributed import World, resolve_device
+from tasks.training.loader import StepSampler, make_loader
+from tasks.training.models import build_model
+from tasks.training.optim import Schedule, build_optimizer
+from tasks.training.precision import resolve_precision
+from tasks.training.runtime import cpu_threads, seed_everything
+from tasks.training.step import NonFiniteError, StepRunner
+from tasks.training.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +62,17 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
     )  # fmt: skip
     model = build_model(recipe.arch, len(spec.class_names)).to(device)
     optimizer = build_optimizer(model, recipe)
-    trainer = Trainer(
+    runner = StepRunner(
         model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, recipe, 1),
         precision=resolve_precision(recipe.precision, device), params=recipe, spec=spec, device=device,
-        world=World(), monitor=Monitor(Path(), enabled=False, histogram_every=0, purge_step=None), faults=Faults(),
+        world=World(), telemetry=Telemetry(Path(), enabled=False, histogram_every=0, purge_step=None),
     )  # fmt: skip
     model.train()
-    progress, losses, reached = Progress(), [], None
+    losses, reached = [], None
     reason = f"loss still above {sanity.max_loss} after {sanity.steps} steps"
     try:
         for step in range(1, sanity.steps + 1):
-            out = trainer.step(images, labels, progress)
-            progress.step = step
+            out = runner.run(images, labels, step)
             losses.append(out.loss_sum / out.count)
             if step % 50 == 0:
                 log.info("step %d: loss %.4f", step, losses[-1])
@@ -87,12 +86,12 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
         reached is not None, batch, round(losses[0], 6), round(losses[-1], 6), reached, len(losses), reason
     )
     write_json(report_path, {**asdict(result), "max_loss": sanity.max_loss, "arch": recipe.arch,
-                             "precision": trainer.precision.name, "lr": sanity.lr})  # fmt: skip
+                             "precision": runner.precision.name, "lr": sanity.lr})  # fmt: skip
     return result
 
 
 def _main(p: Params) -> None:
-    result = run(p.train, p.sanity, seed=p.seed, shard_dir=p.paths.shards, report_path=p.paths.runs / "sanity.json")
+    result = run(p.train, p.sanity, seed=p.seed, shard_dir=p.paths.shards, report_path=p.paths.sanity_report)
     if not result.passed:
         raise StageError(
             f"one batch of {result.batch_size} was not memorised: loss {result.first_loss:.4f} -> "

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-from tasks.io import read_json
-from tasks.params import load_params
+from pathlib import Path
+from typing import Any
+
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.io import read_json
+from tasks.core.params import Params
+from tasks.images.shards import QUARANTINE
 
 
-def main() -> None:
-    params = load_params()
-    reports = params.paths.reports
-    metrics = read_json(reports / "metrics.json")
-    export = read_json(reports / "export.json")
-    verdict = read_json(reports / "regression.json")
-    quarantine = read_json(params.paths.shards / "quarantine.json")["counts"]
+def _read(path: Path) -> Any:
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        raise StageError(f"{path}: not there yet; run the pipeline first (make run, or dvc repro)") from None
+
+
+def _main(params: Params) -> None:
+    paths = params.paths
+    metrics = _read(paths.metrics)
+    export = _read(paths.export_report)
+    verdict = _read(paths.regression_json)
+    quarantine = _read(paths.shards / QUARANTINE)["counts"]
     gate = verdict.get("summary") or ("PASS" if verdict["passed"] else "REGRESSION")
-    recipe = read_json(reports / "train_run.json").get("recipe", {}).get("summary", "-")
+    recipe = _read(paths.train_run).get("recipe", {}).get("summary", "-")
     q = export.get("onnx_int8")
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
         + ("" if q["kept"] else " (refused by its gates)"))  # fmt: skip
-    timings_path = reports / "export_timings.json"
+    timings_path = paths.export_timings
     timings = read_json(timings_path) if timings_path.is_file() else {}
     if timings.get("model", {}).get("onnx_sha256") != export["onnx_sha256"]:
         latency = f"{timings_path}: missing or from another model (dvc repro --force export measures this one)"
@@ -38,10 +50,14 @@ def main() -> None:
         f"  latency       {latency}\n"
         f"  regression    {gate}\n"
         f"  model         {params.paths.model}, {params.paths.onnx}\n"
-        f"  metrics       {reports / 'metrics.json'} (dvc metrics show)\n"
-        f"  plots         {reports / 'train_curves.png'}, {reports / 'confusion.png'}\n"
+        f"  metrics       {paths.metrics} (dvc metrics show)\n"
+        f"  plots         {paths.train_curves}, {paths.confusion_png}\n"
         f"  TensorBoard   make tensorboard  (logs in {params.paths.runs})"
     )
+
+
+def main() -> None:
+    stage_main("summary", _main)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import env_with_venv, make_imagefolder
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import env_with_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,25 +10,41 @@ import pytest
 import yaml
 
 from flows.dag import layers, load_stages, upstream
-from tasks.params import Params, load_params
-from tests.conftest import ROOT
+from tasks.core.params import Params, load_params
+from tests.helpers.project import ROOT
 
 PIPELINE = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 STAGES = load_stages(ROOT)
 
 
+def module_file(module: str) -> str | None:
+    """tasks/core/params.py for tasks.core.params; None for a package (its __init__ is a docstring only)."""
+    path = module.replace(".", "/") + ".py"
+    return path if (ROOT / path).is_file() else None
+
+
 def tasks_imports(module: str, seen: set[str] | None = None) -> set[str]:
-    """tasks.* modules imported by `module`, transitively."""
+    """tasks.* modules (files, not packages) imported by `module`, transitively."""
     seen = seen if seen is not None else set()
-    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    tree = ast.parse((ROOT / module_file(module)).read_text())
     for node in ast.walk(tree):
-        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
-        names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]  # `from tasks.training import loop`
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
         for name in names:
-            if name.startswith("tasks.") and name not in seen:
+            if name.startswith("tasks.") and name not in seen and module_file(name):
                 seen.add(name)
                 tasks_imports(name, seen)
     return seen
+
+
+def test_package_inits_hold_only_a_docstring() -> None:
+    """What lets the code deps above skip the sub-packages' __init__.py: they run no code."""
+    for init in (ROOT / "tasks").glob("*/__init__.py"):
+        body = ast.parse(init.read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), f"{init}: more than a docstring"
 
 
 def sections_read_by_main(module: str) -> set[str]:
@@ -65,7 +81,7 @@ def test_declared_params_cover_what_the_stage_reads(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(PIPELINE))
 def test_code_deps_are_listed(name: str) -> None:
-    code = {f"tasks/{m.split('.', 1)[1]}.py" for m in tasks_imports(f"tasks.{name}") | {f"tasks.{name}"}}
+    code = {module_file(m) for m in tasks_imports(f"tasks.{name}") | {f"tasks.{name}"}}
     listed = {d for d in STAGES[name].deps if d.startswith("tasks/")}
     assert code <= listed, f"dvc.yaml stage {name} does not list {sorted(code - listed)}"
     assert all((ROOT / d).is_file() for d in listed), f"{name}: a listed code dep does not exist"

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from tasks import evaluate, preprocess, train
-from tasks.io import read_json
-from tasks.params import load_params
-from tests.conftest import ROOT, draw_shapes_folder
+from tasks.core.io import read_json
+from tasks.core.params import load_params
+from tests.helpers.folders import draw_shapes_folder
+from tests.helpers.project import ROOT
 
 
 def run_default_recipe(source: Path, work: Path) -> tuple[dict[str, Any], dict[str, Any], float]:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import dvc, make_imagefolder, make_project, sh
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import dvc, make_project, sh
 
 
 def lock_md5s(repo: Path) -> dict[str, str]:
@@ -27,7 +28,8 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_repro_produces_every_output(repo: Path) -> None:
     metrics = json.loads(dvc("metrics", "show", "--json", cwd=repo).stdout)
     accuracy = metrics[""]["data"]["reports/metrics.json"]["data"]["accuracy"]
-    assert 0.0 <= accuracy <= 1.0
+    pairs = json.loads((repo / "reports/confusion.json").read_text())  # one {actual, predicted} row per test image
+    assert accuracy == pytest.approx(sum(r["actual"] == r["predicted"] for r in pairs) / len(pairs), abs=1e-6)
     for path in ("models/model.pt", "models/model.onnx", "reports/confusion.png", "reports/train_curves.png"):
         assert (repo / path).stat().st_size > 0
     verdict = json.loads((repo / "reports/regression.json").read_text())

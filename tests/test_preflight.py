@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, env_with_venv
+from tests.helpers.project import ROOT, env_with_venv
 
 
 def closed_port_url() -> str:

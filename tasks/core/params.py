@@ -1,0 +1,312 @@
+"""params.yaml -> one typed, frozen `Params` model; every knob of the pipeline lives here.
+
+Each stage reads only its own section (plus `seed` and `paths`), and dvc.yaml declares exactly
+those sections as the stage's params, so DVC reruns a stage whenever a value it reads changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.core.param_errors import describe_errors
+from tasks.core.paths import Paths
+
+PARAMS_FILE = Path("params.yaml")
+
+
+class ParamsError(ValueError):
+    """A params file that cannot be used; the message names the file, the key and the value."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
+AUTO = "auto"
+Arch = Literal["resnet18", "resnet34", "resnet50", "mobilenet_v3_small"]  # torchvision models, by name
+ARCHS: tuple[str, ...] = get_args(Arch)
+Auto = Literal["auto"]  # chosen from the data at run time (tasks/training/recipe.py); a number is used as written
+
+
+class DataParams(Section):
+    source: Path = Field(
+        Path("data/generated"),
+        description="an ImageFolder (root/<class>/<image>); the default is made by the generate stage",
+    )
+    test_source: Path = Field(
+        Path("data/generated"),
+        description="a fixed test ImageFolder, all of it the test split; equal to paths.generated means none "
+        "(DVC cannot track a null path, and paths.generated always exists)",
+    )
+
+
+class GenerateParams(Section):
+    num_classes: int = Field(10, ge=2, le=10, description="classes of the procedural dataset")
+    images_per_class: int = Field(1000, ge=1)
+    min_side: int = Field(32, ge=16, description="smallest image side in pixels")
+    max_side: int = Field(256, ge=16, description="largest image side in pixels")
+    grayscale_fraction: Fraction = 0.2
+    png_fraction: Fraction = 0.5
+    workers: int = Field(2, ge=1)
+
+    @model_validator(mode="after")
+    def _sides(self) -> GenerateParams:
+        if self.min_side > self.max_side:
+            raise ValueError(f"min_side ({self.min_side}) is larger than max_side ({self.max_side})")
+        return self
+
+
+class PreprocessParams(Section):
+    image_size: int = Field(64, ge=16, le=1024, description="side of the square model input")
+    interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    val_fraction: Fraction = 0.1
+    test_fraction: Fraction = 0.1
+    shard_size: int = Field(4096, ge=1, description="images per shard file")
+    workers: int = Field(2, ge=1, description="decoder processes")
+    min_side: int = Field(16, ge=1, description="images with a shorter side below this are quarantined (too_small)")
+    max_pixels: int = Field(
+        89_478_485,
+        ge=1,
+        description="images whose header declares more pixels are quarantined before decoding (decompression_bomb)",
+    )
+
+    @model_validator(mode="after")
+    def _fractions(self) -> PreprocessParams:
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("val_fraction + test_fraction must leave images for training")
+        if min(self.std) <= 0:
+            raise ValueError(f"std must be positive, got {self.std}")
+        return self
+
+
+class AugmentParams(Section):
+    hflip: bool = Field(True, description="flip horizontally with probability 0.5")
+    crop: Literal["pad", "random_resized", "none"] = Field(
+        "pad", description="pad: reflect-pad then crop at a random offset; random_resized: random area and ratio"
+    )
+    crop_padding: int = Field(4, ge=0, description="crop: pad - padding in pixels")
+    scale: tuple[float, float] = Field(
+        (0.25, 1.0), description="crop: random_resized - the crop's area as a fraction of the image, min and max"
+    )
+    ratio: tuple[float, float] = Field(
+        (0.75, 1.3333333), description="crop: random_resized - the crop's aspect ratio (width / height), min and max"
+    )
+
+    @model_validator(mode="after")
+    def _ranges(self) -> AugmentParams:
+        if not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ValueError(f"scale must satisfy 0 < min <= max <= 1, got {list(self.scale)}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"ratio must satisfy 0 < min <= max, got {list(self.ratio)}")
+        return self
+
+
+class RecipeParams(Section):
+    """What `auto` means for train.batch_size, lr, epochs and warmup_epochs (tasks/training/recipe.py)."""
+
+    min_steps: int = Field(400, ge=1, description="epochs: auto trains at least this many optimizer steps")
+    min_epochs: int = Field(6, ge=1, description="epochs: auto trains at least this many epochs")
+    max_batch: int = Field(64, ge=1, description="batch_size: auto is at most this (and the reference of base_lr)")
+    min_batch: int = Field(8, ge=1, description="batch_size: auto is at least this (BatchNorm), the split permitting")
+    min_steps_per_epoch: int = Field(8, ge=1, description="batch_size: auto leaves an epoch at least this many steps")
+    base_lr_sgd: float = Field(0.1, gt=0, description="lr: auto = this x batch_size / max_batch, for sgd")
+    base_lr_adamw: float = Field(0.001, gt=0, description="lr: auto = this x batch_size / max_batch, for adamw")
+    warmup_fraction: float = Field(0.0833, ge=0, lt=1, description="warmup_epochs: auto = epochs x this")
+
+    @model_validator(mode="after")
+    def _batches(self) -> RecipeParams:
+        if self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch ({self.min_batch}) is larger than max_batch ({self.max_batch})")
+        return self
+
+
+class TrainParams(Section):
+    """The train stage. batch_size is the global batch of one optimizer step, whatever the number of
+    processes and accumulation steps: per-process micro-batch = batch_size / (processes x accumulation)."""
+
+    arch: Arch = "resnet18"
+    epochs: Annotated[int, Field(ge=1)] | Auto = Field("auto", description="auto: see recipe")
+    batch_size: Annotated[int, Field(ge=1)] | Auto = Field("auto", description="global batch per optimizer step")
+    accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimizer step and process")
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: Annotated[float, Field(gt=0)] | Auto = Field(
+        "auto", description="learning rate of the head; the backbone's is lr x backbone_lr_scale"
+    )
+    backbone_lr_scale: float = Field(1.0, gt=0, description="backbone lr relative to the head's (fine-tuning: < 1)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (Nesterov when > 0)")
+    weight_decay: float = Field(5e-4, ge=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    clip_grad_norm: float = Field(0.0, ge=0, description="max global norm of the unscaled gradients; 0 = off")
+    scheduler: Literal["cosine", "step", "plateau"] = Field("cosine", description="lr schedule after the warmup")
+    warmup_epochs: Annotated[float, Field(ge=0)] | Auto = Field("auto", description="linear warmup before the schedule")
+    step_epochs: float = Field(2.0, gt=0, description="step: lr x gamma every step_epochs")
+    gamma: float = Field(0.1, gt=0, lt=1, description="lr factor of the step and plateau schedulers")
+    plateau_patience: int = Field(1, ge=0, description="plateau: epochs without improvement before lowering lr")
+    monitor: Literal["val_accuracy", "val_loss"] = Field(
+        "val_accuracy", description="validation metric that picks best.pt and drives the plateau scheduler"
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on CPUs with native bf16, else fp32; on CUDA bf16, or fp16 + GradScaler"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
+    compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")
+    init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
+    freeze_backbone: bool = Field(False, description="train the head only; frozen BatchNorm stays in eval mode")
+    nproc_per_node: int = Field(1, ge=1, description="> 1: DDP processes under torchrun --standalone")
+    auto_batch: bool = Field(False, description="on CUDA OOM: halve the micro-batch, double accumulation")
+    nonfinite: Literal["skip", "abort"] = Field("skip", description="a step with a NaN/Inf loss or gradient")
+    max_nonfinite: int = Field(10, ge=0, description="skip: stop the run after more than this many such steps")
+    checkpoint_every_steps: int = Field(250, ge=0, description="also checkpoint every N steps; 0 = epoch ends only")
+    resume: bool = Field(True, description="continue from this run's last checkpoint; false = start fresh")
+    keep_checkpoint_runs: int = Field(
+        3, ge=0, description="after a finished run, keep the checkpoints of this many most recent runs (0 = all)"
+    )
+    histogram_every_steps: int = Field(250, ge=0, description="TensorBoard weight/gradient histograms; 0 = off")
+    num_workers: int = Field(0, ge=0)
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = all cores (shared between processes)")
+    augment: AugmentParams = AugmentParams()
+    recipe: RecipeParams = RecipeParams()
+
+    @model_validator(mode="after")
+    def _batch_splits(self) -> TrainParams:
+        parts = self.nproc_per_node * self.accumulation_steps
+        if self.batch_size != AUTO and self.batch_size % parts:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by nproc_per_node ({self.nproc_per_node}) "
+                f"x accumulation_steps ({self.accumulation_steps})"
+            )
+        return self
+
+
+class SanityParams(Section):
+    """make sanity: the train recipe on one fixed batch; a loss that won't reach ~0 means broken code or data."""
+
+    steps: int = Field(300, ge=1, description="optimizer steps on the one batch")
+    batch_size: int = Field(16, ge=1)
+    lr: float = Field(0.01, gt=0, description="constant learning rate (no warmup, no decay)")
+    max_loss: float = Field(0.05, gt=0, description="the loss must fall below this for the check to pass")
+
+
+class EvaluateParams(Section):
+    batch_size: int = Field(256, ge=1)
+
+
+class Int8Params(Section):
+    calibration_images: int = Field(256, ge=1, description="seeded sample of training images that sets INT8 ranges")
+    per_channel: bool = Field(False, description="per-channel weight scales instead of one per tensor")
+    keep_head_fp32: bool = Field(True, description="leave the classifier head (last Gemm/MatMul) in fp32")
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="test accuracy INT8 may lose vs fp32 ONNX")
+    min_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement INT8 vs fp32 ONNX")
+
+
+class TimingParams(Section):
+    batch_sizes: tuple[Annotated[int, Field(ge=1)], ...] = Field((1, 32), min_length=1)
+    repeats: int = Field(20, ge=1, description="timed calls per runtime and batch size; the median is kept")
+
+
+class ExportParams(Section):
+    formats: tuple[Literal["onnx", "onnx_int8", "torchscript"], ...] = Field(
+        ("onnx", "onnx_int8", "torchscript"), description="onnx is required: it is the served model"
+    )
+    opset: int = Field(18, ge=13)
+    min_agreement: float = Field(1.0, ge=0, le=1, description="top-1 agreement ONNX/TorchScript vs PyTorch")
+    max_abs_diff: float = Field(1e-3, gt=0, description="largest |logit difference| allowed")
+    batch_size: int = Field(256, ge=1)
+    threads: int = Field(1, ge=0, description="torch and onnxruntime threads for scoring and timing; 0 = all cores")
+    int8: Int8Params = Int8Params()
+    timing: TimingParams = TimingParams()
+
+    @model_validator(mode="after")
+    def _formats(self) -> ExportParams:
+        if "onnx" not in self.formats:
+            raise ValueError(f"formats must include onnx (the served model), got {list(self.formats)}")
+        if len(set(self.formats)) != len(self.formats):
+            raise ValueError(f"formats lists a format twice: {list(self.formats)}")
+        return self
+
+
+class Rule(Section):
+    metric: str = Field(description="dotted key into the metrics, e.g. accuracy; * matches every key at its level")
+    direction: Literal["higher", "lower", "equal"] = Field("higher", description="equal: must match the baseline")
+    abs_tol: float = Field(0.0, ge=0, description="allowed worsening, absolute")
+    rel_tol: float = Field(0.0, ge=0, description="allowed worsening, relative to the baseline")
+
+
+class RegressionParams(Section):
+    rules: tuple[Rule, ...] = (
+        Rule(metric="accuracy", abs_tol=0.02),
+        Rule(metric="macro_f1", abs_tol=0.02),
+        Rule(metric="per_class.*.recall", abs_tol=0.05),
+        Rule(metric="test_set_sha256", direction="equal"),
+    )
+    batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
+
+
+class ServeParams(Section):
+    """make serve: the production ONNX model behind FastAPI (not a DVC stage; read by serving/)."""
+
+    host: str = Field("127.0.0.1", description="address uvicorn binds")
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1, description="uvicorn worker processes, each with its own onnxruntime session")
+    threads: int = Field(1, ge=1, description="onnxruntime intra-op threads per worker; workers x threads <= cores")
+    max_body_bytes: int = Field(10 * 2**20, ge=1024, description="larger request bodies get 413, counted while reading")
+    max_batch_files: int = Field(32, ge=1, description="images per /predict/batch request; more get 413")
+    max_pixels: int = Field(40_000_000, ge=1, description="more pixels in the header: 413 before decoding")
+    top_k: int = Field(5, ge=1, description="classes returned per image")
+    warmup_runs: int = Field(3, ge=0, description="inferences before /ready says ready")
+    low_confidence: float = Field(0.5, ge=0, le=1, description="top-1 probability below this: logged, kept for review")
+    review_dir: Path = Field(Path("data/review"), description="low-confidence inputs: <class>/<sha256>.<ext> + .json")
+    review_max_files: int = Field(1000, ge=0, description="stop saving to review_dir once it holds this many images")
+    review_max_file_bytes: int = Field(2 * 2**20, ge=0, description="larger low-confidence uploads: logged, not saved")
+
+
+class Params(Section):
+    seed: int = Field(42, ge=0, description="the one seed every other seed derives from")
+    paths: Paths = Paths()
+    data: DataParams = DataParams()
+    generate: GenerateParams = GenerateParams()
+    preprocess: PreprocessParams = PreprocessParams()
+    train: TrainParams = TrainParams()
+    sanity: SanityParams = SanityParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    export: ExportParams = ExportParams()
+    regression: RegressionParams = RegressionParams()
+    serve: ServeParams = ServeParams()
+
+
+def parse_params(raw: object, source: str = "params.yaml") -> Params:
+    try:
+        return Params.model_validate(raw if raw is not None else {})
+    except ValidationError as exc:
+        lines = "\n  ".join(describe_errors(exc, Params))
+        raise ParamsError(f"{source}: invalid params\n  {lines}") from None
+
+
+def load_params(path: Path = PARAMS_FILE) -> Params:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    return parse_params(raw, str(path))
+
+
+def derive_seed(seed: int, *names: object) -> int:
+    """A 63-bit seed for one purpose (stage, epoch, sample), derived from the root seed."""
+    digest = hashlib.sha256(json.dumps([seed, *map(str, names)]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def section_hash(section: BaseModel) -> str:
+    """A stable hash of a params section, recorded with the artifacts made from it."""
+    return hashlib.sha256(section.model_dump_json().encode()).hexdigest()

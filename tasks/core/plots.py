@@ -1,0 +1,59 @@
+"""PNG plots rendered by the project (DVC's HTML plots load their charting library from a CDN)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tasks.core.io import atomic_file  # noqa: E402
+
+# No software/date metadata: the same numbers give the same PNG bytes.
+_PNG_METADATA = {"Software": None}
+
+
+def _save(fig: plt.Figure, path: Path) -> None:
+    with atomic_file(path) as handle:
+        fig.savefig(handle, format="png", dpi=100, metadata=_PNG_METADATA)
+    plt.close(fig)
+
+
+def plot_history(history: Sequence[dict[str, float]], path: Path) -> None:
+    """Loss and accuracy per epoch, train vs validation."""
+    epochs = [row["epoch"] for row in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [r["train_loss"] for r in history], "o-", label="train")
+    ax_loss.plot(epochs, [r["val_loss"] for r in history], "o-", label="val")
+    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
+    ax_acc.plot(epochs, [r["train_accuracy"] for r in history], "o-", label="train")
+    ax_acc.plot(epochs, [r["val_accuracy"] for r in history], "o-", label="val")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy", title="accuracy", ylim=(0, 1))
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], path: Path) -> None:
+    """Row-normalised confusion matrix (rows: true class), with counts in the cells."""
+    n = len(class_names)
+    totals = matrix.sum(axis=1, keepdims=True).clip(min=1)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
+    ax.imshow(matrix / totals, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), class_names, rotation=45, ha="right")
+    ax.set_yticks(range(n), class_names)
+    ax.set(xlabel="predicted", ylabel="true", title="confusion matrix (test)")
+    if n <= 30:
+        for i in range(n):
+            for j in range(n):
+                if matrix[i, j]:
+                    color = "white" if matrix[i, j] / totals[i, 0] > 0.5 else "black"
+                    ax.text(j, i, int(matrix[i, j]), ha="center", va="center", fontsize=7, color=color)
+    fig.tight_layout()
+    _save(fig, path)

@@ -1,0 +1,1 @@
+"""Image files -> validated, resized uint8 arrays -> shards (no torch)."""

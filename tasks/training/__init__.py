@@ -1,0 +1,1 @@
+"""Shards -> trained weights: data loading, the step, the loop, checkpoints, DDP (torch)."""

@@ -1,0 +1,76 @@
+"""torchvision models by name, the model file (weights + spec + provenance), and input normalisation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torchvision
+
+from tasks.core.io import atomic_file
+from tasks.core.params import ARCHS
+from tasks.images.imaging import PreprocessSpec
+
+
+def build_model(arch: str, num_classes: int) -> torch.nn.Module:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
+    return getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+
+
+def head_name(model: torch.nn.Module) -> str:
+    """The classifier layer (the last Linear): what transfer learning replaces and a frozen backbone trains."""
+    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if not names:
+        raise ValueError(f"{type(model).__name__} has no Linear layer to use as the head")
+    return names[-1]
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module inside DDP and torch.compile wrappers, so saved keys never carry prefixes."""
+    model = getattr(model, "_orig_mod", model)
+    return getattr(model, "module", model)
+
+
+def normalize(images: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> float32 normalised with the spec's mean and std."""
+    mean = torch.tensor(spec.mean, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255.0
+    std = torch.tensor(spec.std, dtype=torch.float32, device=images.device).view(1, 3, 1, 1) * 255.0
+    return (images.float() - mean) / std
+
+
+def save_model_file(
+    path: Path, model: torch.nn.Module, *, arch: str, spec: PreprocessSpec, provenance: dict[str, str]
+) -> None:
+    payload = {
+        "arch": arch,
+        "spec": spec.model_dump(mode="json"),
+        "provenance": provenance,
+        "state_dict": {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()},
+    }
+    with atomic_file(path) as handle:
+        torch.save(payload, handle)
+
+
+def load_model_file(path: Path) -> tuple[torch.nn.Module, PreprocessSpec, dict[str, Any]]:
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    spec = PreprocessSpec.model_validate(payload["spec"])
+    model = build_model(payload["arch"], len(spec.class_names))
+    model.load_state_dict(payload["state_dict"])
+    return model.eval(), spec, payload
+
+
+@torch.no_grad()
+def predict_logits(
+    model: torch.nn.Module, images: np.ndarray, spec: PreprocessSpec, batch_size: int = 256
+) -> np.ndarray:
+    """uint8 (N, 3, H, W) -> float32 logits (N, classes), fp32, model in eval mode, on the model's device."""
+    model.eval()
+    device = next(model.parameters()).device
+    outputs = [
+        model(normalize(torch.from_numpy(images[start : start + batch_size].copy()).to(device), spec)).float().cpu()
+        for start in range(0, len(images), batch_size)
+    ]
+    return torch.cat(outputs).numpy() if outputs else np.zeros((0, len(spec.class_names)), np.float32)

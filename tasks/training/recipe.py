@@ -1,0 +1,131 @@
+"""The training recipe that scales with the data: train params with `auto` values + the size of the
+train split -> concrete batch size, learning rate, epochs and warmup, each with the reason it was chosen.
+
+A fixed epoch count is a fixed number of optimizer steps only for one dataset size: 6 epochs of
+batch 64 are 750 steps on the default 8,000 images and 18 steps on 160. So `auto` asks for enough
+steps instead (`recipe.min_steps`, and never fewer than `recipe.min_epochs` epochs), a batch that
+leaves an epoch several steps (`recipe.min_steps_per_epoch`), a learning rate scaled linearly with
+the batch (Goyal et al. 2017, "Accurate, Large Minibatch SGD") and a warmup that is a share of the
+run. A value set in params.yaml is used as written. On the default data `auto` resolves to batch 64,
+lr 0.1, 6 epochs and 0.5 warmup epochs: the recipe that reached 0.948 there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.core.params import AUTO, TrainParams
+
+
+@dataclass(frozen=True)
+class Choice:
+    key: str  # the train.* key
+    value: int | float
+    auto: bool  # chosen by the recipe (params.yaml said auto); False: taken as written
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "auto": self.auto, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    params: TrainParams  # every auto value replaced by the chosen one
+    train_images: int
+    steps_per_epoch: int
+    choices: tuple[Choice, ...]
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.params.epochs) * self.steps_per_epoch
+
+    def summary(self) -> str:
+        """One line for the log, e.g. "162 training images: batch 16, lr 0.025, 40 epochs = 400 steps"."""
+        p = self.params
+        return (
+            f"{self.train_images} training images: batch {p.batch_size}, lr {p.lr:g}, {p.epochs} epochs x "
+            f"{self.steps_per_epoch} steps = {self.total_steps} steps, warmup {p.warmup_epochs:.3g} epochs"
+        )
+
+    def reasons(self) -> list[str]:
+        return [f"{c.key} {c.value:g} ({'auto' if c.auto else 'params.yaml'}: {c.why})" for c in self.choices]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "train_images": self.train_images,
+            "steps_per_epoch": self.steps_per_epoch,
+            "total_steps": self.total_steps,
+            "summary": self.summary(),
+            "choices": {c.key: c.to_json() for c in self.choices},
+        }
+
+
+def steps_in_epoch(samples: int, global_batch: int) -> int:
+    """Whole global batches per epoch (a short last batch would change the step size), at least one."""
+    return max(1, samples // global_batch)
+
+
+def _floor_pow2(x: float) -> int:
+    return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
+
+
+def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recipe:
+    """Concrete values for every `auto` of `params`, for a train split of `train_images` samples
+    trained by `processes` processes."""
+    r, parts = params.recipe, processes * params.accumulation_steps
+    choices: list[Choice] = []
+
+    if params.batch_size == AUTO:
+        wanted = min(r.max_batch, _floor_pow2(train_images / r.min_steps_per_epoch))
+        batch = max(r.min_batch, wanted)
+        why = f"{r.max_batch} at most, and at least {r.min_steps_per_epoch} steps per epoch"
+        if batch > wanted:
+            why = f"recipe.min_batch {r.min_batch}: BatchNorm needs a few samples per batch"
+        if batch > train_images:
+            batch, why = train_images, f"the whole train split ({train_images} images)"
+        rounded = max(parts, batch // parts * parts)
+        if rounded != batch:
+            why += f"; rounded to a multiple of {parts} (processes x accumulation_steps)"
+        batch = rounded
+        choices.append(Choice("batch_size", batch, True, why))
+    else:
+        batch = int(params.batch_size)
+        choices.append(Choice("batch_size", batch, False, "set in params.yaml"))
+    steps_per_epoch = steps_in_epoch(train_images, batch)
+
+    if params.lr == AUTO:
+        base = r.base_lr_adamw if params.optimizer == "adamw" else r.base_lr_sgd
+        lr = base * batch / r.max_batch
+        key = f"recipe.base_lr_{params.optimizer}"
+        choices.append(Choice("lr", lr, True, f"{key} {base:g} x batch {batch} / {r.max_batch} (linear scaling)"))
+    else:
+        lr = float(params.lr)
+        choices.append(Choice("lr", lr, False, "set in params.yaml"))
+
+    if params.epochs == AUTO:
+        needed = math.ceil(r.min_steps / steps_per_epoch)
+        epochs = max(r.min_epochs, needed)
+        why = (
+            f"{needed} epochs of {steps_per_epoch} steps reach recipe.min_steps {r.min_steps}"
+            if epochs == needed
+            else f"recipe.min_epochs {r.min_epochs} ({epochs * steps_per_epoch} steps, "
+            f"at least recipe.min_steps {r.min_steps})"
+        )
+        choices.append(Choice("epochs", epochs, True, why))
+    else:
+        epochs = int(params.epochs)
+        choices.append(Choice("epochs", epochs, False, "set in params.yaml"))
+
+    if params.warmup_epochs == AUTO:
+        warmup = epochs * r.warmup_fraction
+        choices.append(
+            Choice("warmup_epochs", warmup, True, f"recipe.warmup_fraction {r.warmup_fraction:g} of the run")
+        )
+    else:
+        warmup = float(params.warmup_epochs)
+        choices.append(Choice("warmup_epochs", warmup, False, "set in params.yaml"))
+
+    resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup})
+    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices))

@@ -1,0 +1,245 @@
+"""train-flow and regression-flow against a real (temporary) Prefect API, on a tiny real git + DVC project.
+
+One trained project per module: the flow runs every dvc.yaml stage through DVC; the tests read what it
+left behind through the Prefect API (task runs, logs, artifacts) and on disk (dvc.lock, run manifest).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.artifacts import KEYS, flatten, stage_reports
+from flows.dag import load_stages
+from tasks.core.io import read_json, sha256_file, write_json
+from tasks.core.paths import Paths
+from tests.helpers.prefect import RULES, api_artifacts, api_logs, api_task_runs, worsen_onnx
+from tests.helpers.project import ROOT, commit, dvc, make_project, sh
+
+
+def flaky_train(repo: Path, marker: Path) -> None:
+    """The train stage fails on its first attempt only (a planted, transient fault) and then runs normally."""
+    pipeline = yaml.safe_load((repo / "dvc.yaml").read_text())
+    fail_once = f"test -e {shlex.quote(str(marker))} || {{ touch {shlex.quote(str(marker))}; echo planted transient failure; exit 3; }}"  # noqa: E501
+    pipeline["stages"]["train"]["cmd"] = f"{fail_once}; {pipeline['stages']['train']['cmd']}"
+    (repo / "dvc.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+
+
+# --- reading a run back through the Prefect API ------------------------------------------------
+
+
+def table(artifact: Any) -> dict[str, Any]:
+    data = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    return {row["key"]: row["value"] for row in data}
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A tiny project trained once by train-flow (its train stage planted to fail on the first try)."""
+    from flows.train_flow import train_flow
+
+    base = tmp_path_factory.mktemp("flow")
+    repo = make_project(base / "repo", {"regression": {"rules": RULES}})
+    flaky_train(repo, base / "train-failed-once")
+    state = train_flow(repo_dir=str(repo), train_retries=1, retry_delay_seconds=0, return_state=True)
+    return {"repo": repo, "state": state, "run_id": state.state_details.flow_run_id}
+
+
+# --- train-flow ----------------------------------------------------------------------------------
+
+
+def test_train_flow_runs_every_stage_through_dvc(trained: dict[str, Any]) -> None:
+    repo, state = trained["repo"], trained["state"]
+    assert state.is_completed(), state.message
+    outcomes = state.result()
+    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {name: "ran" for name in load_stages(repo)}
+    assert outcomes["dvc push"] == "no remote"
+    # What the flow did is exactly what DVC records: nothing left for `dvc repro` to do.
+    assert "up to date" in dvc("status", cwd=repo).stdout
+    tasks = {run.name: run for run in api_task_runs(trained["run_id"])}
+    assert set(load_stages(repo)) <= set(tasks)
+    assert all(tasks[name].state.is_completed() for name in load_stages(repo))
+
+
+def test_train_task_retries_after_a_failure(trained: dict[str, Any]) -> None:
+    train = next(run for run in api_task_runs(trained["run_id"]) if run.name == "train")
+    assert train.state.is_completed() and train.run_count == 2
+    logs = api_logs(trained["run_id"], wait_for="epoch 1")
+    assert "planted transient failure" in logs  # the first attempt's output, streamed as it ran
+    assert "Running stage 'train'" in logs and "epoch 1" in logs
+
+
+def test_artifacts_and_run_manifest(trained: dict[str, Any]) -> None:
+    repo, run_id = trained["repo"], trained["run_id"]
+    artifacts = api_artifacts(run_id)
+    assert {KEYS["evaluate"], KEYS["export"], KEYS["check_regression"], KEYS["manifest"]} <= set(artifacts)
+    metrics = read_json(repo / "reports" / stage_reports["evaluate"])
+    assert table(artifacts[KEYS["evaluate"]])["accuracy"] == metrics["accuracy"]
+    assert table(artifacts[KEYS["evaluate"]]) == {row["key"]: row["value"] for row in flatten(metrics)}
+    parity = read_json(repo / "reports" / stage_reports["export"])
+    assert table(artifacts[KEYS["export"]])["max_abs_diff"] == parity["max_abs_diff"]
+    assert "no baseline" in artifacts[KEYS["check_regression"]].data
+
+    manifest = read_json(repo / "reports" / "run_manifest.json")
+    assert manifest["prefect"]["flow_run_id"] == str(run_id)
+    assert manifest["status"] == "completed"
+    assert manifest["dvc_lock_sha256"] == sha256_file(repo / "dvc.lock")
+    assert manifest["data_manifest_sha256"] == sha256_file(repo / "data/shards/manifest.json")
+    assert manifest["onnx_sha256"] == parity["onnx_sha256"]
+    assert manifest["git"]["commit"] is None  # the fresh repository has no commit yet
+    assert all(manifest["versions"][name] for name in ("torch", "prefect", "dvc"))
+    assert table(artifacts[KEYS["manifest"]])["prefect.flow_run_id"] == str(run_id)
+
+
+def test_report_files_are_outputs_of_their_stages() -> None:
+    stages = load_stages(ROOT)
+    for stage, report in stage_reports(Paths()).items():
+        assert str(report) in stages[stage].outs, f"dvc.yaml: {stage} no longer writes {report}"
+
+
+def test_second_run_skips_unchanged_stages_and_pushes_to_the_remote(trained: dict[str, Any]) -> None:
+    from flows.train_flow import train_flow
+
+    repo = trained["repo"]
+    remote = repo.parent / "remote"
+    dvc("remote", "add", "-d", "store", str(remote), cwd=repo)
+    try:
+        outcomes = train_flow(repo_dir=str(repo))
+    finally:
+        dvc("remote", "remove", "store", cwd=repo)
+    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {name: "unchanged" for name in load_stages(repo)}
+    assert outcomes["dvc push"] == "pushed to the default remote"
+    # The remote holds the model: the same md5 that dvc.lock records for it.
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    md5 = next(o["md5"] for o in lock["stages"]["export"]["outs"] if o["path"] == "models/model.onnx")
+    assert (remote / "files" / "md5" / md5[:2] / md5[2:]).is_file()
+
+
+def test_failing_stage_fails_the_flow_with_its_name_log_tail_and_verdict(trained: dict[str, Any]) -> None:
+    from flows.train_flow import train_flow
+
+    repo = trained["repo"]
+    baseline = repo / "baseline" / "metrics.json"
+    baseline.write_text(json.dumps({"accuracy": 1.0, "loss": 0.0}))
+    try:
+        state = train_flow(repo_dir=str(repo), return_state=True)
+    finally:
+        baseline.unlink()
+    assert state.is_failed()
+    with pytest.raises(Exception, match=r"stage 'check_regression' failed[\s\S]*REGRESSION"):
+        state.result()
+    run_id = state.state_details.flow_run_id
+    verdict = api_artifacts(run_id)[KEYS["check_regression"]].data
+    assert "REGRESSION" in verdict and "accuracy" in verdict
+    assert read_json(repo / "reports" / "run_manifest.json")["stages"]["check_regression"] == "failed"
+
+
+# --- regression-flow ----------------------------------------------------------------------------
+
+
+def test_regression_flow_before_any_baseline_says_what_to_do(trained: dict[str, Any]) -> None:
+    """The nightly is scheduled at deploy time, before anyone ran `make promote`: a clear verdict, no traceback."""
+    from flows.regression_flow import regression_flow
+
+    assert not (trained["repo"] / "baseline/metrics.json").exists()
+    state = regression_flow(repo_dir=str(trained["repo"]), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("no baseline yet: nothing to check") and "run `make promote`" in state.message
+    verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
+    assert "NO BASELINE" in verdict and "make promote" in verdict
+    logs = api_logs(state.state_details.flow_run_id, wait_for="no baseline yet")
+    assert "no baseline yet" in logs and "Traceback" not in logs
+
+
+@pytest.fixture(scope="module")
+def promoted(trained: dict[str, Any]) -> Path:
+    repo = trained["repo"]
+    sh(["python", "-m", "tasks.promote"], cwd=repo)
+    return repo
+
+
+def test_regression_flow_passes_on_the_promoted_model(promoted: Path) -> None:
+    from flows.regression_flow import regression_flow
+
+    state = regression_flow(repo_dir=str(promoted), return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["metrics"]["accuracy"] == read_json(promoted / "baseline/metrics.json")["accuracy"]
+    verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
+    assert "PASS" in verdict and "verified before use" in verdict
+
+
+def test_regression_flow_scores_a_git_revision(promoted: Path) -> None:
+    from flows.regression_flow import regression_flow
+
+    commit(promoted, "trained")
+    state = regression_flow(repo_dir=str(promoted), revision="HEAD", return_state=True)
+    assert state.is_completed(), state.message
+    with pytest.raises(Exception, match=r"revision 'no-such-rev'"):
+        regression_flow(repo_dir=str(promoted), revision="no-such-rev")
+
+
+def test_regression_flow_fails_on_a_worse_model_and_on_a_changed_file(promoted: Path) -> None:
+    from flows.regression_flow import regression_flow
+
+    onnx_path, record = promoted / "baseline/model.onnx", promoted / "baseline/model.json"
+    original_onnx, original_record = onnx_path.read_bytes(), record.read_text()
+    try:
+        worsen_onnx(onnx_path)  # planted: a worse model promoted with its own hash
+        write_json(record, {**json.loads(original_record), "onnx_sha256": sha256_file(onnx_path)})
+        state = regression_flow(repo_dir=str(promoted), return_state=True)
+        assert state.is_failed()
+        with pytest.raises(Exception, match=r"regressed[\s\S]*loss \(lower\)[\s\S]*REGRESSION"):
+            state.result()
+        verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
+        assert "REGRESSION" in verdict and "FAIL" in verdict
+
+        onnx_path.write_bytes(original_onnx[:-1] + bytes([original_onnx[-1] ^ 1]))  # one byte changed
+        record.write_text(original_record)
+        state = regression_flow(repo_dir=str(promoted), return_state=True)
+        assert state.is_failed()
+        with pytest.raises(Exception, match=r"model.onnx: sha256 \w+ does not match the recorded"):
+            state.result()
+        assert "INTEGRITY FAILURE" in api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
+    finally:
+        onnx_path.write_bytes(original_onnx)
+        record.write_text(original_record)
+
+
+# --- crash detection ------------------------------------------------------------------------------
+
+
+def test_crash_automation_is_created_once_then_updated(prefect_api: None) -> None:
+    from prefect.automations import Automation
+    from prefect.client.orchestration import get_client
+
+    from flows.automations import AUTOMATION_NAME, crash_automation, ensure_crash_automation
+
+    first = ensure_crash_automation(90)
+    second = ensure_crash_automation(120)
+    assert second.id == first.id
+    with get_client(sync_client=True) as client:
+        stored = client.read_automations_by_name(AUTOMATION_NAME)
+    assert len(stored) == 1
+    automation = Automation.read(id=first.id)
+    assert automation.trigger.within.total_seconds() == 120
+    assert automation.trigger.after == {"prefect.flow-run.heartbeat"}
+    assert [a.state.value for a in automation.actions] == ["CRASHED"]
+    with pytest.raises(ValueError, match=r"--within 10: must be at least 31"):
+        crash_automation(10)

@@ -1,0 +1,106 @@
+"""Throwaway copies of the project as real git + DVC repositories, tiny params, and subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.helpers.faults import fault_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+PROJECT_FILES = ("tasks", "flows", "baseline", "dvc.yaml", "params.yaml")
+
+
+# A run small enough for a test: 10 x 12 generated images at 32 px, one short epoch.
+TINY = {
+    "generate": {"images_per_class": 12, "min_side": 24, "max_side": 64, "workers": 1},
+    "preprocess": {"image_size": 32, "workers": 1, "val_fraction": 0.2, "test_fraction": 0.2},
+    "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "warmup_epochs": 0.5, "threads": 1},
+    # A model trained for one short epoch has large, unsettled logits; fp32 rounding differences
+    # between PyTorch and onnxruntime scale with them. It is also near chance, with near-tied logits
+    # that INT8 rounding flips: on ~20 test images one flip is 5 points. (INT8 gates at their
+    # defaults are tested on a trained model in tests/test_export.py.)
+    "export": {
+        "max_abs_diff": 0.01,
+        "int8": {"max_accuracy_drop": 0.25, "min_agreement": 0.5},
+        "timing": {"repeats": 3},
+    },
+}
+
+
+def deep_update(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = deep_update(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def env_with_venv() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_train(repo: Path, fault: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`python -m tasks.train` in `repo`, with the faults of `fault` planted (tests/helpers/faults.py) or none.
+    Under DDP every rank sees it: the whole job dies, as on a preempted node."""
+    env = env_with_venv()
+    env.pop("IMAGEPIPE_FAULT", None)
+    env.pop("IMAGEPIPE_TRAIN_HOOKS", None)
+    env.update(fault_env(fault))
+    return subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, env=env_with_venv(), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def commit(repo: Path, message: str) -> None:
+    sh(["git", "add", "-A"], cwd=repo)
+    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], cwd=repo)
+
+
+def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return sh([sys.executable, "-m", "dvc", *args], cwd=cwd, check=check)
+
+
+def write_params(repo: Path, update: dict[str, Any]) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (repo / "params.yaml").write_text(yaml.safe_dump(deep_update(params, update), sort_keys=False))
+
+
+def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
+    """A copy of the project as a fresh git + DVC repository, with params shrunk by `update`."""
+    dest.mkdir(parents=True)
+    for name in PROJECT_FILES:
+        src = ROOT / name
+        if src.is_dir():
+            # A promoted baseline (make promote: metrics, model.json, model.onnx, their .dvc files) stays
+            # behind, so every test project starts with no baseline.
+            shutil.copytree(
+                src,
+                dest / name,
+                ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json", "*.onnx", "*.dvc"),
+            )
+        else:
+            shutil.copy2(src, dest / name)
+    write_params(dest, deep_update(TINY, update or {}))
+    sh(["git", "init", "-q"], cwd=dest)
+    dvc("init", "-q", cwd=dest)
+    dvc("config", "core.analytics", "false", cwd=dest)
+    return dest

@@ -1,0 +1,263 @@
+"""check_regression and promote on a real exported model, with planted faults the gate must name.
+
+Faults: head weights shuffled, test labels permuted, the exported model given the wrong
+normalisation, one byte of the ONNX file changed, a baseline that is missing or from other data.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from tasks import check_regression, promote
+from tasks.core.errors import StageError
+from tasks.core.io import read_json, sha256_file, write_json
+from tasks.export import write_metadata
+from tasks.images.shards import MANIFEST
+from tasks.release.inference import OnnxModel
+from tasks.release.verdict import Verdict
+from tests.helpers.export import PARAMS, export_model
+
+ONNX_ONLY = PARAMS.export.model_copy(
+    update={"formats": ("onnx",), "timing": PARAMS.export.timing.model_copy(update={"repeats": 1, "batch_sizes": (1,)})}
+)
+
+
+def check(project: Path, shards: Path, baseline_dir: Path, out: Path | None = None) -> Verdict:
+    out = out or project
+    return check_regression.run(
+        PARAMS.regression, onnx_path=project / "models/model.onnx", export_report=project / "reports/export.json",
+        shard_dir=shards, baseline_dir=baseline_dir, verdict_path=out / "reports/regression.json",
+        table_path=out / "reports/regression.md", gate_path=out / "reports/gate.json",
+    )  # fmt: skip
+
+
+def promote_to(project: Path, model: Path, shards: Path, baseline_dir: Path) -> promote.PromoteResult:
+    return promote.run(
+        onnx_path=project / "models/model.onnx", model_path=model, export_report=project / "reports/export.json",
+        verdict_path=project / "reports/regression.json", shard_dir=shards, baseline_dir=baseline_dir,
+        track_with_dvc=False,
+    )  # fmt: skip
+
+
+def failed(verdict: Verdict) -> list[str]:
+    return [r.metric for r in verdict.failures]
+
+
+@pytest.fixture(scope="module")
+def shards(export_shards: Path) -> Path:
+    return export_shards
+
+
+@pytest.fixture(scope="module")
+def model(export_model_file: Path) -> Path:
+    return export_model_file
+
+
+@pytest.fixture(scope="module")
+def project(shards: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gate-project")
+    export_model(shards, model, root, ONNX_ONLY)
+    return root
+
+
+@pytest.fixture(scope="module")
+def baseline(project: Path, model: Path, shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This model, scored and promoted."""
+    baseline_dir = tmp_path_factory.mktemp("gate-baseline")
+    shutil.rmtree(baseline_dir)
+    assert check(project, shards, baseline_dir).passed
+    promote_to(project, model, shards, baseline_dir)
+    return baseline_dir
+
+
+def test_no_baseline_passes_and_says_so(project: Path, shards: Path, tmp_path: Path) -> None:
+    verdict = check(project, shards, tmp_path / "baseline", out=tmp_path)
+    assert verdict.passed and not verdict.has_baseline
+    report = read_json(tmp_path / "reports/regression.json")
+    assert report["has_baseline"] is False and report["rules"] == []
+    assert report["model"]["onnx_sha256"] == sha256_file(project / "models/model.onnx")
+    assert report["metrics"]["accuracy"] > 0.9  # the model learned the colour-coded classes
+    assert "no baseline yet" in (tmp_path / "reports/regression.md").read_text()
+
+
+def test_promote_records_hashes_and_metrics_then_the_same_model_passes(
+    baseline: Path, project: Path, model: Path, shards: Path, tmp_path: Path
+) -> None:
+    record = read_json(baseline / "model.json")
+    assert record["onnx_sha256"] == sha256_file(project / "models/model.onnx") == sha256_file(baseline / "model.onnx")
+    assert record["model_sha256"] == sha256_file(model)
+    assert record["data_manifest_sha256"] == sha256_file(shards / MANIFEST)
+    assert record["test_set_sha256"] == read_json(shards / MANIFEST)["test_set"]["sha256"]
+    assert len(record["code_sha256"]) == 64
+    assert read_json(baseline / "metrics.json") == read_json(project / "reports/regression.json")["metrics"]
+    verdict = check(project, shards, baseline, out=tmp_path)
+    assert verdict.passed and verdict.has_baseline
+    assert [r.metric for r in verdict.results] == [
+        "accuracy", "macro_f1", "per_class.class_0.recall", "per_class.class_1.recall", "per_class.class_2.recall",
+        "test_set_sha256",
+    ]  # fmt: skip
+    assert all(r.delta in (0.0, None) for r in verdict.results)
+    table = (tmp_path / "reports/regression.md").read_text()
+    assert "| accuracy (higher) |" in table and "**verdict: PASS**" in table
+
+
+def test_shuffled_head_weights_fail_the_gate(baseline: Path, model: Path, shards: Path, tmp_path: Path) -> None:
+    """Planted fault: the classifier's rows rotated. Export parity still holds (ONNX equals this bad
+    PyTorch model), so it is the regression gate that must catch it."""
+    payload = torch.load(model, map_location="cpu", weights_only=True)
+    for key in ("fc.weight", "fc.bias"):
+        payload["state_dict"][key] = torch.roll(payload["state_dict"][key], shifts=1, dims=0)
+    bad_model = tmp_path / "bad.pt"
+    torch.save(payload, bad_model)
+    result = export_model(shards, bad_model, tmp_path, ONNX_ONLY)
+    assert result.agreement == 1.0
+    verdict = check(tmp_path, shards, baseline)
+    assert not verdict.passed
+    assert {"accuracy", "macro_f1", "per_class.class_0.recall"} <= set(failed(verdict))
+    assert "test_set_sha256" not in failed(verdict)
+    accuracy = verdict.failures[0]
+    assert accuracy.metric == "accuracy" and accuracy.delta < -0.5 and accuracy.baseline > 0.9
+
+
+def permute_test_labels(shards: Path, out: Path) -> Path:
+    """A copy of the shards whose test labels are rotated (as a labelling bug would), checksums updated."""
+    shutil.copytree(shards, out)
+    manifest = read_json(out / MANIFEST)
+    classes = len(manifest["class_names"])
+    for entry in manifest["splits"]["test"]["shards"]:
+        path = out / entry["file"]
+        table = pa.ipc.open_file(pa.BufferReader(path.read_bytes())).read_all()
+        labels = (table.column("label").to_numpy() + 1) % classes
+        table = table.set_column(1, table.schema.field(1), pa.array(labels.astype(np.int16)))
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        entry["sha256"] = sha256_file(path)
+    write_json(out / MANIFEST, manifest)
+    return out
+
+
+def test_permuted_test_labels_fail_the_gate(baseline: Path, project: Path, shards: Path, tmp_path: Path) -> None:
+    permuted = permute_test_labels(shards, tmp_path / "shards")
+    verdict = check(project, permuted, baseline, out=tmp_path)
+    assert not verdict.passed
+    assert failed(verdict)[:2] == ["accuracy", "macro_f1"]
+    assert "test_set_sha256" not in failed(verdict)  # the same images: the labels are what changed
+
+
+def test_wrong_normalisation_in_the_exported_model_fails_the_gate(
+    baseline: Path, project: Path, shards: Path, tmp_path: Path
+) -> None:
+    """Planted fault: an exporter that wrote the wrong mean/std into the file, and recorded its hash."""
+    (tmp_path / "models").mkdir()
+    faulty = tmp_path / "models/model.onnx"
+    shutil.copyfile(project / "models/model.onnx", faulty)
+    meta = OnnxModel.load(faulty).metadata
+    spec = OnnxModel.load(faulty).spec
+    # The classic slip: pixels scaled to 0..1 but never normalised (mean 0, std 1).
+    wrong = spec.model_copy(update={"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
+    write_metadata(faulty, {**meta, "preprocess_spec": wrong.model_dump_json()})
+    write_json(tmp_path / "reports/export.json", {"onnx_sha256": sha256_file(faulty)})
+    verdict = check(tmp_path, shards, baseline)
+    assert not verdict.passed and "accuracy" in failed(verdict)
+
+
+def test_one_changed_byte_is_refused_before_scoring(
+    project: Path, shards: Path, baseline: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(project / "models", tmp_path / "models")
+    shutil.copytree(project / "reports", tmp_path / "reports")
+    (tmp_path / "reports/regression.json").unlink()
+    path = tmp_path / "models/model.onnx"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(StageError, match=r"model\.onnx: sha256 .* does not match the recorded"):
+        check(tmp_path, shards, baseline)
+    assert not (tmp_path / "reports/regression.json").exists()
+    with pytest.raises(StageError, match="does not match the recorded"):
+        promote_to(tmp_path, tmp_path / "unused.pt", shards, tmp_path / "baseline")
+    assert not (tmp_path / "baseline").exists()
+
+
+def test_a_baseline_tracked_by_dvc_but_not_pulled_is_an_error(project: Path, shards: Path, tmp_path: Path) -> None:
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline/metrics.json.dvc").write_text("outs:\n- md5: 0\n  path: metrics.json\n")
+    with pytest.raises(StageError, match=r"tracked by DVC .* but missing; run `dvc pull"):
+        check(project, shards, tmp_path / "baseline", out=tmp_path)
+
+
+def test_a_baseline_from_other_test_images_fails_its_rule(
+    baseline: Path, project: Path, shards: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "baseline"
+    shutil.copytree(baseline, other)
+    write_json(other / "metrics.json", {**read_json(baseline / "metrics.json"), "test_set_sha256": "0" * 64})
+    verdict = check(project, shards, other, out=tmp_path)
+    # Not rule by rule: one line that names both test sets and what to do.
+    assert not verdict.passed and verdict.status == "different test set" and verdict.results == ()
+    assert "test set sha256 000000000000" in verdict.summary() and "`make promote`" in verdict.summary()
+    assert read_json(tmp_path / "reports/gate.json") == {
+        "verdict": "different test set", "passed": False, "summary": verdict.summary(),
+    }  # fmt: skip
+
+
+def test_an_unreadable_baseline_is_named(project: Path, shards: Path, tmp_path: Path) -> None:
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline/metrics.json").write_text("{not json")
+    with pytest.raises(StageError, match=r"baseline/metrics\.json: not valid JSON"):
+        check(project, shards, tmp_path / "baseline", out=tmp_path)
+
+
+def test_promote_refuses_scores_of_another_model(project: Path, model: Path, shards: Path, tmp_path: Path) -> None:
+    shutil.copytree(project / "models", tmp_path / "models")
+    shutil.copytree(project / "reports", tmp_path / "reports")
+    report = read_json(tmp_path / "reports/regression.json")
+    report["model"]["onnx_sha256"] = "f" * 64
+    (tmp_path / "reports/regression.json").write_text(json.dumps(report))
+    with pytest.raises(StageError, match="run `dvc repro` first"):
+        promote_to(tmp_path, model, shards, tmp_path / "baseline")
+    assert not (tmp_path / "baseline").exists()
+
+
+def test_a_failed_int8_gate_keeps_no_int8_file_and_fails_the_verdict(
+    baseline: Path, model: Path, shards: Path, tmp_path: Path
+) -> None:
+    """INT8 fidelity is the model's property: export records the failed gate, check_regression fails on it
+    (with or without a baseline), and the refused INT8 file is not written."""
+    unreachable = ONNX_ONLY.int8.model_copy(update={"min_agreement": 1.5})  # no model can agree 150%
+    params = ONNX_ONLY.model_copy(update={"formats": ("onnx", "onnx_int8"), "int8": unreachable})
+    result = export_model(shards, model, tmp_path, params)
+    int8 = result.report["onnx_int8"]
+    assert int8["kept"] is False and "sha256" not in int8
+    assert list((tmp_path / "models/exports").iterdir()) == []
+    assert [(g["name"], g["passed"]) for g in int8["gates"]] == [
+        ("onnx_int8.accuracy_drop", True), ("onnx_int8.agreement", False),
+    ]  # fmt: skip
+    assert "onnx_int8" not in result.timings["latency_ms_median"]["batch_1"]
+    for baseline_dir in (baseline, tmp_path / "no-baseline"):
+        verdict = check(tmp_path, shards, baseline_dir)
+        assert not verdict.passed and failed(verdict) == ["onnx_int8.agreement"]
+        table = (tmp_path / "reports/regression.md").read_text()
+        assert "| onnx_int8.agreement |" in table and "| >= 1.5 | export.int8.min_agreement | FAIL |" in table
+    gates = read_json(tmp_path / "reports/regression.json")["export_gates"]
+    assert [g["name"] for g in gates if not g["passed"]] == ["onnx_int8.agreement"]
+
+
+def test_a_tampered_gate_record_is_judged_again(project: Path, shards: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "project"
+    shutil.copytree(project, copy)
+    report = read_json(copy / "reports/export.json")
+    gate = {"name": "onnx_int8.agreement", "value": 0.5, "op": ">=", "limit": 0.98, "param": "int8.min_agreement"}
+    write_json(copy / "reports/export.json", {**report, "onnx_int8": {"gates": [{**gate, "passed": True}]}})
+    verdict = check(copy, shards, tmp_path / "no-baseline", out=tmp_path)
+    assert failed(verdict) == ["onnx_int8.agreement"]
+    write_json(copy / "reports/export.json", {**report, "onnx_int8": {"gates": [{"name": "x"}]}})
+    with pytest.raises(StageError, match=r"export\.json: onnx_int8\.gates\.0 is not a gate record"):
+        check(copy, shards, tmp_path / "no-baseline", out=tmp_path)

@@ -1,0 +1,121 @@
+"""The import rules that keep the house walkable (README "Layout"), checked on the source itself.
+
+- tasks/images/ and tasks/release/ never import torch or torchvision, directly or through another tasks
+  module: preprocessing, the regression gate and serving run without the training stack;
+- tasks/release/ never imports tasks/training/;
+- tasks/core/ imports no other part of tasks/;
+- nothing under tasks/ imports flows/ or serving/ (the stages know nothing of their orchestrators);
+- no test module imports another test module (shared code lives in tests/helpers/ and conftest.py).
+Every import counts, also one inside a function.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.project import ROOT
+
+TORCH = ("torch", "torchvision")
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module name `path` imports (`from a.b import c` gives a.b and a.b.c)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def source_of(module: str, root: Path = ROOT) -> Path | None:
+    for candidate in (root / (module.replace(".", "/") + ".py"), root / module.replace(".", "/") / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def reachable(path: Path, root: Path = ROOT) -> dict[str, Path]:
+    """Every import of `path` and of the project modules it imports, transitively: name -> the file importing it."""
+    found: dict[str, Path] = {}
+    todo, seen = [path], {path}
+    while todo:
+        current = todo.pop()
+        for name in imports_of(current):
+            found.setdefault(name, current)
+            nested = source_of(name, root) if name.split(".")[0] in {"tasks", "flows", "serving"} else None
+            if nested is not None and nested not in seen:
+                seen.add(nested)
+                todo.append(nested)
+    return found
+
+
+def violations(package: str, forbidden: tuple[str, ...], root: Path = ROOT) -> list[str]:
+    """`file imports name` for every module under `package` that reaches a forbidden top-level name."""
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        for name, importer in reachable(path, root).items():
+            if name == forbidden or name.split(".")[0] in forbidden or any(name.startswith(f + ".") for f in forbidden):
+                out.append(f"{path.relative_to(root)} reaches {name} (imported by {importer.relative_to(root)})")
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("package", ["tasks/images", "tasks/release"])
+def test_image_and_release_code_never_imports_torch(package: str) -> None:
+    assert violations(package, TORCH) == []
+
+
+def test_release_never_imports_training() -> None:
+    assert violations("tasks/release", ("tasks.training",)) == []
+
+
+def test_core_imports_no_other_part_of_tasks() -> None:
+    stages = tuple(f"tasks.{p.stem}" for p in (ROOT / "tasks").glob("*.py") if p.name != "__init__.py")
+    assert violations("tasks/core", ("tasks.images", "tasks.training", "tasks.release", *stages)) == []
+
+
+def test_tasks_never_import_flows_or_serving() -> None:
+    assert violations("tasks", ("flows", "serving")) == []
+
+
+def test_no_test_module_imports_another() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for name in imports_of(path)
+        if name.startswith("tests.") and (name.split(".")[-1].startswith("test_") or ".conftest" in f".{name}")
+    ]
+    assert bad == []
+
+
+def test_the_rule_catches_an_added_torch_import(tmp_path: Path) -> None:
+    """The check above can fail: a copy of tasks/ with `import torch` added to tasks/images/shards.py."""
+    copy = tmp_path / "tasks"
+    subprocess.run(["cp", "-r", str(ROOT / "tasks"), str(copy)], check=True)
+    shards = copy / "images" / "shards.py"
+    shards.write_text(shards.read_text().replace("import numpy as np\n", "import numpy as np\nimport torch\n", 1))
+    found = violations("tasks/images", TORCH, tmp_path)
+    assert "tasks/images/shards.py reaches torch (imported by tasks/images/shards.py)" in found
+
+
+def test_release_modules_load_without_torch_in_a_fresh_interpreter() -> None:
+    """The same rule at run time: importing every release and images module loads no torch."""
+    modules = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for package in ("tasks/images", "tasks/release")
+        for p in sorted((ROOT / package).glob("*.py"))
+        if p.name != "__init__.py"
+    ]
+    code = (
+        f"import sys\nfor m in {modules!r}: __import__(m)\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {TORCH!r}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

@@ -1,0 +1,168 @@
+"""Checkpoint files: atomic, NaN-free, weights_only, refused when made from other params or data;
+RNG states round-trip; transfer-learning weights skip what does not fit and say so."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.core.params import TrainParams
+from tasks.training.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    RunIdentity,
+    capture_rng,
+    load_init_weights,
+    prune_runs,
+    restore_rng,
+    run_identity,
+)
+from tasks.training.models import build_model
+
+IDENTITY = RunIdentity("p" * 64, "d" * 64)
+
+
+def payload(value: float = 1.0) -> dict:
+    model = torch.nn.Linear(3, 2)
+    torch.nn.init.constant_(model.weight, value)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "progress": {"step": int(value)},
+            "rng": capture_rng(torch.Generator().get_state())}  # fmt: skip
+
+
+def test_save_and_load_round_trip_with_weights_only(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path / "run", IDENTITY)
+    assert ckpt.load() is None
+    ckpt.save(payload(2.0), is_best=True)
+    loaded = ckpt.load()
+    assert loaded["progress"] == {"step": 2} and loaded["params_sha256"] == IDENTITY.params_sha256
+    assert torch.equal(loaded["model"]["weight"], torch.full((2, 3), 2.0) - 0.1 * 1.0)  # one SGD step on ones
+    assert ckpt.best.read_bytes() == ckpt.last.read_bytes()
+    assert sorted(p.name for p in ckpt.directory.iterdir()) == ["best.pt", "last.pt"]  # no temp files left
+    torch.load(ckpt.last, weights_only=True)  # plain tensors and containers only
+
+
+def test_best_stays_when_a_later_save_is_not_better(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, IDENTITY)
+    ckpt.save(payload(1.0), is_best=True)
+    best = ckpt.best.read_bytes()
+    ckpt.save(payload(3.0), is_best=False)
+    assert ckpt.best.read_bytes() == best and ckpt.load()["progress"] == {"step": 3}
+    assert ckpt.load(ckpt.best)["progress"] == {"step": 1}
+
+
+def test_nan_is_never_written_and_the_last_good_checkpoint_survives(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, IDENTITY)
+    ckpt.save(payload(1.0), is_best=False)
+    good = ckpt.last.read_bytes()
+    bad = payload(1.0)
+    bad["optimizer"]["state"][0]["momentum_buffer"][0, 1] = float("inf")
+    with pytest.raises(CheckpointError, match=r"optimizer\.state\.0\.momentum_buffer holds NaN/Inf"):
+        ckpt.save(bad, is_best=True)
+    bad = payload(1.0)
+    bad["model"]["weight"][1, 2] = float("nan")
+    with pytest.raises(CheckpointError, match=r"model\.weight holds NaN/Inf; .*last\.pt is the last good one"):
+        ckpt.save(bad, is_best=True)
+    assert ckpt.last.read_bytes() == good and not ckpt.best.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_other_params_or_data_are_refused_unless_starting_fresh(tmp_path: Path) -> None:
+    Checkpointer(tmp_path, IDENTITY).save(payload(), is_best=True)
+    with pytest.raises(CheckpointError, match=r"made from other params .*refusing to resume.*train\.resume: false"):
+        Checkpointer(tmp_path, RunIdentity("q" * 64, "d" * 64)).load()
+    with pytest.raises(CheckpointError, match=r"made from other data \(params pppp.*data dddd.*data eeee"):
+        Checkpointer(tmp_path, RunIdentity("p" * 64, "e" * 64)).load()
+    fresh = Checkpointer(tmp_path, RunIdentity("q" * 64, "d" * 64))
+    fresh.discard()
+    assert fresh.load() is None and list(tmp_path.iterdir()) == []
+
+
+def test_half_written_and_torn_files(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, IDENTITY)
+    ckpt.save(payload(1.0), is_best=False)
+    partial = tmp_path / ".last.pt.tmp-99999"  # what a kill during a save leaves
+    partial.write_bytes(b"PK\x03\x04 half a zip")
+    assert ckpt.load()["progress"] == {"step": 1}  # never picked up
+    ckpt.save(payload(2.0), is_best=False)
+    assert not partial.exists()  # cleaned before the next save
+    ckpt.last.write_bytes(ckpt.last.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=r"last\.pt: cannot be loaded .*train\.resume: false"):
+        ckpt.load()
+
+
+def test_every_rng_round_trips_through_a_checkpoint(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    loader = torch.Generator().manual_seed(4)
+    ckpt = Checkpointer(tmp_path, IDENTITY)
+    ckpt.save({**payload(), "rng": capture_rng(loader.get_state())}, is_best=False)
+
+    def draws(gen: torch.Generator) -> list[float]:
+        return [random.random(), float(np.random.rand()), float(torch.rand(())), float(torch.rand((), generator=gen))]
+
+    expected = draws(loader)
+    draws(loader)  # move every stream on
+    state = restore_rng(ckpt.load()["rng"])
+    assert draws(torch.Generator().set_state(state)) == expected
+
+
+def test_run_identity_ignores_operational_params_only() -> None:
+    def ident(**update: object) -> str:
+        params = TrainParams().model_copy(update=update)
+        return run_identity(params, seed=1, data_sha256="d", init_sha256=None, device_type="cpu").params_sha256
+
+    base = ident()
+    assert ident(num_workers=4) == ident(auto_batch=True) == ident(checkpoint_every_steps=7) == base
+    assert ident(nonfinite="abort") == ident(threads=1) == ident(resume=False) == ident(compile=True) == base
+    assert len({base, ident(lr=0.2), ident(epochs=7), ident(precision="fp32"), ident(nproc_per_node=2)}) == 5
+
+
+def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> None:
+    source = build_model("resnet18", 3)
+    path = tmp_path / "source.pt"
+    # DDP/compile prefixes are stripped, and model.pt, a checkpoint or a bare state dict all load.
+    torch.save({"model": {f"_orig_mod.{k}": v for k, v in source.state_dict().items()}}, path)
+    target = build_model("resnet18", 5)
+    info = load_init_weights(target, path)
+    assert [s["name"] for s in info["skipped"]] == ["fc.weight", "fc.bias"]
+    assert info["skipped"][0]["reason"] == "shape [3, 512] in the file, [5, 512] in the model"
+    assert info["fresh"] == ["fc.weight", "fc.bias"] and len(info["sha256"]) == 64
+    assert torch.equal(target.layer4[1].conv2.weight, source.layer4[1].conv2.weight)
+
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_init_weights(target, tmp_path / "missing.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="weights_only=True"):
+        load_init_weights(target, tmp_path / "junk.pt")
+    torch.save(build_model("mobilenet_v3_small", 3).state_dict(), tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="no layer of .* matches this model"):
+        load_init_weights(target, tmp_path / "other.pt")
+
+
+def test_prune_keeps_the_current_run_and_the_newest_others(tmp_path: Path) -> None:
+    names = [f"{i:016x}" for i in range(1, 6)]  # run 1 oldest ... run 5 newest
+    for age, name in enumerate(reversed(names)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for file in ("last.pt", "best.pt"):
+            (folder / file).write_bytes(b"x")
+            os.utime(folder / file, ns=(10**18 - age * 10**9, 10**18 - age * 10**9))
+    (tmp_path / "notes").mkdir()  # not a run folder
+    foreign = tmp_path / f"{0xABC:016x}"  # named like a run, but holds something else too
+    foreign.mkdir()
+    (foreign / "last.pt").write_bytes(b"x")
+    (foreign / "mine.txt").write_text("keep me")
+    removed = prune_runs(tmp_path, keep=3, current=names[0])  # the current run is the oldest one
+    assert sorted(p.name for p in removed) == [names[1], names[2]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3], names[4], "notes", foreign.name])
+    assert prune_runs(tmp_path, keep=0, current=names[0]) == []  # 0 keeps everything
+    assert prune_runs(tmp_path / "absent", keep=1, current=names[0]) == []

@@ -1,0 +1,101 @@
+"""DDP: `python -m tasks.train` with train.nproc_per_node 2 relaunches itself under torchrun (gloo on
+CPU): every sample once per epoch, ranks' weights identical, only rank 0 writes, accuracy close to one
+process. The nccl variant needs two CUDA devices (marked gpu)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from tasks.core.io import read_json
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import dvc, env_with_venv, make_project, run_train
+
+# Classes told apart by colour: both runs should learn them, so their accuracies are comparable.
+TRAIN = {"arch": "resnet18", "epochs": 3, "batch_size": 16, "optimizer": "adamw", "lr": 0.001, "threads": 1}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ddp")
+    source = make_imagefolder(root / "images", classes=3, per_class=40)
+    repo = make_project(root / "repo", {"data": {"source": str(source)}, "train": TRAIN})
+    dvc("repro", "preprocess", cwd=repo)
+    return repo
+
+
+def configured_copy(prepared: Path, dest: Path, **train: Any) -> Path:
+    repo = shutil.copytree(prepared, dest, symlinks=True)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["train"].update(train)
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return repo
+
+
+def train_copy(prepared: Path, dest: Path, **train: Any) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    repo = configured_copy(prepared, dest, **train)
+    proc = subprocess.run([sys.executable, "-m", "tasks.train"], cwd=repo, env=env_with_venv(),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return repo, proc
+
+
+def check_two_process_run(repo: Path, one: Path, proc: subprocess.CompletedProcess[str]) -> None:
+    meta = read_json(repo / "reports" / "train_run.json")
+    assert meta["processes"] == 2 and meta["micro_batch"] == 8 and meta["global_batch"] == 16
+    assert meta["ranks_in_sync"] is True
+    single = read_json(one / "reports" / "train_run.json")
+    assert meta["steps_per_epoch"] == single["steps_per_epoch"]  # the global batch is the same
+    for epoch in meta["coverage"]:  # all ranks together: every used sample exactly once per epoch
+        assert epoch["seen_once"] == meta["steps_per_epoch"] * 16 and epoch["seen_more_than_once"] == 0
+    assert proc.stdout.count("[train] model -> ") == 1  # rank 0 alone writes and reports
+    (run_dir,) = (repo / "runs" / "train").iterdir()
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    (ckpt_dir,) = (repo / "runs" / "checkpoints").iterdir()
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.pt", "last.pt"]
+    two_acc = read_json(repo / "reports" / "train_history.json")[-1]["val_accuracy"]
+    one_acc = read_json(one / "reports" / "train_history.json")[-1]["val_accuracy"]
+    assert one_acc >= 0.8 and abs(two_acc - one_acc) <= 0.1, (one_acc, two_acc)
+
+
+def test_two_processes_on_cpu_match_one(prepared: Path, tmp_path: Path) -> None:
+    one, _ = train_copy(prepared, tmp_path / "one", nproc_per_node=1, device="cpu")
+    two, proc = train_copy(prepared, tmp_path / "two", nproc_per_node=2, device="cpu")
+    assert "2 process(es), global batch 16 = 8 x 1 accumulation x 2" in proc.stdout
+    check_two_process_run(two, one, proc)
+
+
+# Two processes, global batch 16; a checkpoint every 2 steps and at each epoch's end.
+RESUME = {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "nproc_per_node": 2, "device": "cpu"}
+
+
+def test_killed_two_process_run_resumes_to_the_same_weights(prepared: Path, tmp_path: Path) -> None:
+    plain, _ = train_copy(prepared, tmp_path / "plain", **RESUME)
+    steps = read_json(plain / "reports" / "train_run.json")["steps_per_epoch"]
+    repo = configured_copy(prepared, tmp_path / "killed", **RESUME)
+    killed = run_train(repo, f"kill@step:{steps + 3}")  # every rank: mid-epoch 2, before its third step
+    assert killed.returncode != 0 and not (repo / "models" / "model.pt").exists(), killed.stdout[-2000:]
+    (ckpt_dir,) = (repo / "runs" / "checkpoints").iterdir()
+    step = torch.load(ckpt_dir / "last.pt", weights_only=True)["progress"]["step"]
+    assert steps < step < steps + 3  # a mid-epoch checkpoint, written before any rank ran on
+    resumed = run_train(repo)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resuming from" in resumed.stdout and f"step {step} of {2 * steps}" in resumed.stdout, resumed.stdout
+    assert read_json(repo / "reports" / "train_run.json")["ranks_in_sync"] is True
+    assert (repo / "models" / "model.pt").read_bytes() == (plain / "models" / "model.pt").read_bytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="nccl DDP needs two CUDA devices")
+def test_two_processes_with_nccl_match_one(prepared: Path, tmp_path: Path) -> None:
+    one, _ = train_copy(prepared, tmp_path / "one", nproc_per_node=1, device="cuda")
+    two, proc = train_copy(prepared, tmp_path / "two", nproc_per_node=2, device="cuda")
+    assert "bf16 on cuda:0, 2 process(es)" in proc.stdout or "fp16 on cuda:0, 2 process(es)" in proc.stdout
+    check_two_process_run(two, one, proc)

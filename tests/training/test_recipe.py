@@ -1,0 +1,93 @@
+"""tasks/training/recipe.py: `auto` train params resolved from the size of the train split; explicit values obeyed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks.core.params import ParamsError, TrainParams, parse_params
+from tasks.training.optim import warmup_cosine
+from tasks.training.recipe import resolve
+
+DEFAULT = parse_params({}).train  # params.yaml's defaults: batch_size, lr, epochs, warmup_epochs are auto
+
+
+def test_the_default_data_gets_the_recipe_that_reached_0_948_there() -> None:
+    recipe = resolve(DEFAULT, 8023)  # the default data's train split
+    p = recipe.params
+    assert (p.batch_size, p.lr, p.epochs) == (64, 0.1, 6)
+    assert recipe.steps_per_epoch == 125 and recipe.total_steps == 750
+    # The warmup in steps is what the old fixed `warmup_epochs: 0.5` gave (round(0.5 x 125) = 62).
+    assert round(p.warmup_epochs * 125) == round(0.5 * 125) == 62
+    assert all(choice.auto for choice in recipe.choices)
+
+
+def test_a_small_folder_gets_a_smaller_batch_and_enough_steps() -> None:
+    recipe = resolve(DEFAULT, 162)
+    p = recipe.params
+    assert (p.batch_size, recipe.steps_per_epoch, p.epochs, recipe.total_steps) == (16, 10, 40, 400)
+    assert p.lr == pytest.approx(0.025)  # linear scaling: 0.1 x 16 / 64
+    assert (
+        recipe.summary()
+        == "162 training images: batch 16, lr 0.025, 40 epochs x 10 steps = 400 steps, warmup 3.33 epochs"
+    )
+    reasons = "\n".join(recipe.reasons())
+    assert "batch_size 16 (auto: 64 at most, and at least 8 steps per epoch)" in reasons
+    assert "epochs 40 (auto: 40 epochs of 10 steps reach recipe.min_steps 400)" in reasons
+    # The warmup is the same share of the run, whatever its length.
+    assert p.warmup_epochs / p.epochs == pytest.approx(DEFAULT.recipe.warmup_fraction)
+
+
+def test_tiny_and_huge_folders() -> None:
+    tiny = resolve(DEFAULT, 20)
+    assert tiny.params.batch_size == 8 and "recipe.min_batch 8" in tiny.reasons()[0]
+    assert tiny.total_steps >= 400 and tiny.steps_per_epoch == 2
+    smaller_than_a_batch = resolve(DEFAULT, 5)
+    assert smaller_than_a_batch.params.batch_size == 5 and "the whole train split" in smaller_than_a_batch.reasons()[0]
+    huge = resolve(DEFAULT, 100_000)
+    assert (huge.params.batch_size, huge.params.epochs, huge.total_steps) == (64, 6, 6 * (100_000 // 64))
+
+
+def test_explicit_values_are_obeyed_as_written() -> None:
+    explicit = DEFAULT.model_copy(update={"batch_size": 64, "lr": 0.1, "epochs": 6, "warmup_epochs": 0.5})
+    recipe = resolve(explicit, 162)
+    assert (recipe.params.batch_size, recipe.params.lr, recipe.params.epochs, recipe.params.warmup_epochs) == (
+        64, 0.1, 6, 0.5,
+    )  # fmt: skip
+    assert not any(choice.auto for choice in recipe.choices)
+    assert recipe.total_steps == 12  # the 18-step recipe the issue measured, now chosen knowingly
+    # One explicit value; the others still follow the data.
+    mixed = resolve(DEFAULT.model_copy(update={"batch_size": 32}), 162)
+    assert (mixed.params.batch_size, mixed.params.lr, mixed.params.epochs) == (32, 0.05, 80)
+
+
+def test_processes_and_accumulation_divide_the_auto_batch() -> None:
+    p = DEFAULT.model_copy(update={"nproc_per_node": 3})
+    recipe = resolve(p, 8023, processes=3)
+    assert recipe.params.batch_size == 63 and "multiple of 3" in recipe.reasons()[0]
+    assert resolve(DEFAULT.model_copy(update={"accumulation_steps": 4}), 162).params.batch_size == 16
+
+
+def test_adamw_gets_its_own_base_lr() -> None:
+    recipe = resolve(DEFAULT.model_copy(update={"optimizer": "adamw"}), 8023)
+    assert recipe.params.lr == pytest.approx(0.001)
+
+
+def test_the_schedule_of_a_resolved_recipe_warms_up_then_decays_to_zero() -> None:
+    recipe = resolve(DEFAULT, 162)
+    warmup = round(recipe.params.warmup_epochs * recipe.steps_per_epoch)
+    factor = warmup_cosine(recipe.total_steps, warmup)
+    assert factor(0) == pytest.approx(1 / warmup) and factor(warmup) == pytest.approx(1.0)
+    assert factor(recipe.total_steps - 1) < 1e-3 and math.isfinite(factor(recipe.total_steps))
+
+
+def test_auto_and_numbers_are_the_only_values(tmp_path: object) -> None:
+    assert TrainParams(epochs="auto").epochs == "auto" and TrainParams(epochs=3).epochs == 3
+    with pytest.raises(ParamsError, match=r"train.epochs"):
+        parse_params({"train": {"epochs": "automatic"}})
+    with pytest.raises(ParamsError, match=r"train.recipe: Value error, min_batch \(128\) is larger than max_batch"):
+        parse_params({"train": {"recipe": {"min_batch": 128}}})
+    with pytest.raises(ParamsError, match=r"batch_size \(30\) must be divisible"):
+        parse_params({"train": {"batch_size": 30, "accumulation_steps": 4}})
+    parse_params({"train": {"batch_size": "auto", "accumulation_steps": 4}})  # checked once resolved
