@@ -33,10 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.core.io import sha256_file  # noqa: E402
 from tasks.core.paths import Paths  # noqa: E402
-from tasks.export import export_onnx, write_metadata  # noqa: E402
 from tasks.images.imaging import PreprocessSpec, load_array  # noqa: E402
 from tasks.release.inference import OnnxModel  # noqa: E402
+from tasks.release.onnx_metadata import write_metadata  # noqa: E402
 from tasks.training.models import build_model  # noqa: E402
+from tasks.training.serialize import export_onnx  # noqa: E402
 
 SERVER = """
 import json, sys, uvicorn

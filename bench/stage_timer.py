@@ -1,7 +1,7 @@
 """Time one run of the preprocess stage in a fresh interpreter, as `python -m tasks.preprocess` runs it.
 
 bench_data imports torch and torchvision for its loader half; the stage does not (see
-tests/test_preprocess.py), and its decoders fork from its process, so it is timed here, apart.
+tests/stages/test_preprocess.py), and its decoders fork from its process, so it is timed here, apart.
 Prints one JSON object: images per second of wall time, CPU of the stage's process and of its
 decoders.
 

@@ -118,28 +118,53 @@ def _error(
     return JSONResponse({"error": reason, "detail": detail}, status_code=code, headers=headers)
 
 
-def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
-    metrics = Metrics()
-    state = State()
-    review = ReviewFolder(serve.review_dir, serve.review_max_files, serve.review_max_file_bytes)
-    # One decode+inference at a time per process: onnxruntime already uses serve.threads cores, and 32
-    # concurrent session runs only add memory (an arena each) and tail latency, not throughput.
-    compute = asyncio.Semaphore(1)
+class Classifier:
+    """Decoded uploads -> one onnxruntime call -> top-k predictions; counts confidence and keeps the
+    low-confidence inputs for review. Runs in a worker thread (the event loop only awaits it)."""
 
-    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
-        loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
-        loader.start()
-        if not load_in_background:
-            loader.join()
-        yield
+    def __init__(self, state: State, serve: ServeParams, metrics: Metrics, review: ReviewFolder) -> None:
+        self.state, self.serve, self.metrics, self.review = state, serve, metrics, review
 
-    # /docs and /redoc with Swagger UI and ReDoc served by the app itself (fastapi-offline ships the
-    # assets): FastAPI's own pages load them from a CDN and stay blank offline.
-    app = FastAPIOffline(title="imagepipe serving", version="1", lifespan=lifespan)
-    app.state.serving = state
-    app.state.metrics = metrics
-    app.add_middleware(BodyLimitMiddleware, max_bytes=serve.max_body_bytes)
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    def __call__(self, items: list[tuple[str, bytes]]) -> list[ImagePrediction]:
+        model = self.state.model
+        assert model is not None
+        arrays = []
+        for name, data in items:
+            try:
+                arrays.append(load_array(data, model.spec, max_pixels=self.serve.max_pixels))
+            except ImageError as exc:
+                raise ImageError(exc.reason, f"{name}: {exc.detail}") from None
+        probs = softmax(model.logits(np.stack(arrays)))
+        return [self.record(model, name, data, row) for (name, data), row in zip(items, probs, strict=True)]
+
+    def record(self, model: OnnxModel, name: str, data: bytes, probs: np.ndarray) -> ImagePrediction:
+        metrics, serve = self.metrics, self.serve
+        order = ranked(probs)
+        top1 = float(probs[order[0]])
+        margin = top1 - float(probs[order[1]]) if len(order) > 1 else top1
+        low = top1 < serve.low_confidence
+        top_k = [ClassProbability(index=int(i), label=model.class_names[i], probability=float(probs[i]))
+                 for i in order[: serve.top_k]]  # fmt: skip
+        metrics.predictions.inc()
+        metrics.top1.observe(top1)
+        metrics.margin.observe(margin)
+        if low:
+            metrics.low_confidence.inc()
+            sha = hashlib.sha256(data).hexdigest()
+            log.warning("low confidence %.3f (margin %.3f): %r %s -> %s", top1, margin, name, sha, top_k[0].label)
+            probabilities = dict(zip(model.class_names, map(float, probs), strict=True))
+            sidecar = {"file": name, "sha256": sha, "model_sha256": model.sha256, "predicted": top_k[0].label,
+                       "top1_probability": top1, "margin": margin, "probabilities": probabilities}  # fmt: skip
+            why = self.review.save(data, sha, top_k[0].label, sidecar)
+            if why is None:
+                metrics.review_saved.inc()
+            else:
+                metrics.review_skipped.labels(why=why).inc()
+        return ImagePrediction(file=name, top_k=top_k, top1_probability=top1, margin=margin, low_confidence=low)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error, ours or the framework's, as {"error": reason, "detail": ...} with its status."""
 
     @app.exception_handler(ImageError)
     async def _image_error(request: Request, exc: ImageError) -> JSONResponse:
@@ -160,43 +185,31 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return _error(422, "invalid_request", detail, request)
 
-    def classify(items: list[tuple[str, bytes]]) -> list[ImagePrediction]:
-        model = state.model
-        assert model is not None
-        arrays = []
-        for name, data in items:
-            try:
-                arrays.append(load_array(data, model.spec, max_pixels=serve.max_pixels))
-            except ImageError as exc:
-                raise ImageError(exc.reason, f"{name}: {exc.detail}") from None
-        probs = softmax(model.logits(np.stack(arrays)))
-        return [record(name, data, row) for (name, data), row in zip(items, probs, strict=True)]
 
-    def record(name: str, data: bytes, probs: np.ndarray) -> ImagePrediction:
-        model = state.model
-        assert model is not None
-        order = ranked(probs)
-        top1 = float(probs[order[0]])
-        margin = top1 - float(probs[order[1]]) if len(order) > 1 else top1
-        low = top1 < serve.low_confidence
-        top_k = [ClassProbability(index=int(i), label=model.class_names[i], probability=float(probs[i]))
-                 for i in order[: serve.top_k]]  # fmt: skip
-        metrics.predictions.inc()
-        metrics.top1.observe(top1)
-        metrics.margin.observe(margin)
-        if low:
-            metrics.low_confidence.inc()
-            sha = hashlib.sha256(data).hexdigest()
-            log.warning("low confidence %.3f (margin %.3f): %r %s -> %s", top1, margin, name, sha, top_k[0].label)
-            probabilities = dict(zip(model.class_names, map(float, probs), strict=True))
-            sidecar = {"file": name, "sha256": sha, "model_sha256": model.sha256, "predicted": top_k[0].label,
-                       "top1_probability": top1, "margin": margin, "probabilities": probabilities}  # fmt: skip
-            why = review.save(data, sha, top_k[0].label, sidecar)
-            if why is None:
-                metrics.review_saved.inc()
-            else:
-                metrics.review_skipped.labels(why=why).inc()
-        return ImagePrediction(file=name, top_k=top_k, top1_probability=top1, margin=margin, low_confidence=low)
+def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
+    metrics = Metrics()
+    state = State()
+    classify = Classifier(state, serve, metrics, ReviewFolder(serve.review_dir, serve.review_max_files,
+                                                              serve.review_max_file_bytes))  # fmt: skip
+    # One decode+inference at a time per process: onnxruntime already uses serve.threads cores, and 32
+    # concurrent session runs only add memory (an arena each) and tail latency, not throughput.
+    compute = asyncio.Semaphore(1)
+
+    async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
+        loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
+        loader.start()
+        if not load_in_background:
+            loader.join()
+        yield
+
+    # /docs and /redoc with Swagger UI and ReDoc served by the app itself (fastapi-offline ships the
+    # assets): FastAPI's own pages load them from a CDN and stay blank offline.
+    app = FastAPIOffline(title="imagepipe serving", version="1", lifespan=lifespan)
+    app.state.serving = state
+    app.state.metrics = metrics
+    app.add_middleware(BodyLimitMiddleware, max_bytes=serve.max_body_bytes)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    _add_error_handlers(app)
 
     def ensure_ready() -> None:
         if state.model is None:

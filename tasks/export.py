@@ -9,16 +9,11 @@ export.json (byte-stable); latency goes to a timings file of its own.
 from __future__ import annotations
 
 import ast
-import contextlib
 import hashlib
-import io
 import json
 import logging
 import os
 import platform
-import warnings
-import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,15 +30,15 @@ from tasks.core.params import ExportParams, Params, derive_seed, section_hash
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release.inference import OnnxModel, median_latency_ms
+from tasks.release.onnx_metadata import write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
 from tasks.release.quantize import calibration_sample, quantize_int8
 from tasks.training.models import load_model_file, normalize, predict_logits
+from tasks.training.serialize import INPUT_NAME, export_onnx, export_torchscript, load_torchscript, torch_threads
 
 log = logging.getLogger(__name__)
 
-INPUT_NAME, OUTPUT_NAME = "input", "logits"
 INT8_FILE, TORCHSCRIPT_FILE = "model.int8.onnx", "model.torchscript.pt"
-TORCHSCRIPT_METADATA = "metadata.json"  # an _extra_files entry: the same key/values as the ONNX metadata_props
 
 
 @dataclass(frozen=True)
@@ -62,123 +57,23 @@ def code_sha256(module: str = "tasks.export", root: Path | None = None) -> str:
     reruns export whenever this hash would change. `root`: the tasks/ folder.
     """
     root = root or Path(__file__).resolve().parent
+
+    def source(name: str) -> Path:  # tasks.core.params -> <root>/core/params.py
+        return root / (name.split(".", 1)[1].replace(".", "/") + ".py")
+
     seen, todo = set(), [module]
     while todo:
         name = todo.pop()
-        if name in seen or not (root / f"{name.split('.', 1)[1]}.py").is_file():
+        if name in seen or not source(name).is_file():  # a package (its __init__ is a docstring) or not ours
             continue
         seen.add(name)
-        for node in ast.walk(ast.parse((root / f"{name.split('.', 1)[1]}.py").read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "tasks":
-                todo += [f"tasks.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasks."):
-                todo.append(node.module)
+        for node in ast.walk(ast.parse(source(name).read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasks"):
+                todo += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]  # module or package
             elif isinstance(node, ast.Import):
                 todo += [alias.name for alias in node.names if alias.name.startswith("tasks.")]
-    lines = [f"{name} {sha256_file(root / (name.split('.', 1)[1] + '.py'))}" for name in sorted(seen)]
+    lines = [f"{name} {sha256_file(source(name))}" for name in sorted(seen)]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def quiet_loggers(*names: str, level: int = logging.WARNING) -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in names]
-    before = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(level)
-    try:
-        yield
-    finally:
-        for logger, old in zip(loggers, before, strict=True):
-            logger.setLevel(old)
-
-
-def export_onnx(model: torch.nn.Module, spec: PreprocessSpec, path: Path, opset: int) -> None:
-    """torch.onnx (dynamo) export with a dynamic batch axis, saved as one file (no external data)."""
-    example = torch.zeros(2, 3, spec.image_size, spec.image_size)
-    with warnings.catch_warnings(), quiet_loggers("onnx_ir", "onnxscript"):  # per-pass INFO chatter
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model.eval(),
-            (example,),
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
-            opset_version=opset,
-            dynamo=True,
-            verbose=False,
-        )
-    program.save(str(path), external_data=False)
-
-
-STACK_TRACE = "pkg.torch.onnx.stack_trace"  # per-node source locations the dynamo exporter records
-
-
-def write_metadata(path: Path, metadata: dict[str, str]) -> None:
-    """Replace the ONNX file's metadata_props with `metadata` (sorted, so the bytes are stable), and
-    drop the exporter's per-node stack traces: they hold absolute paths of this checkout's venv, so
-    the same model exported from another folder would get other bytes (and another md5 in dvc.lock)."""
-    proto = onnx.load(str(path))
-    del proto.metadata_props[:]
-    for key, value in sorted(metadata.items()):
-        proto.metadata_props.add(key=key, value=value)
-    for node in _all_nodes(proto):
-        kept = [prop for prop in node.metadata_props if prop.key != STACK_TRACE]
-        if len(kept) != len(node.metadata_props):
-            del node.metadata_props[:]
-            node.metadata_props.extend(kept)
-    onnx.save(proto, str(path))
-
-
-def _all_nodes(proto: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    graphs = [proto.graph]
-    functions = list(proto.functions)
-    while graphs or functions:
-        nodes = graphs.pop().node if graphs else functions.pop().node
-        for node in nodes:
-            yield node
-            for attribute in node.attribute:
-                graphs += [attribute.g] if attribute.HasField("g") else []
-                graphs += list(attribute.graphs)
-
-
-def export_torchscript(model: torch.nn.Module, spec: PreprocessSpec, path: Path, metadata: dict[str, str]) -> None:
-    """torch.jit.trace, saved as a byte-stable archive with `metadata` as an extra file."""
-    example = torch.zeros(2, 3, spec.image_size, spec.image_size)
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.jit is deprecated in favour of torch.export, still supported
-        traced = torch.jit.trace(model.eval(), example)
-        torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA: json.dumps(metadata, sort_keys=True)})
-    path.write_bytes(stable_archive(buffer.getvalue()))
-
-
-def stable_archive(data: bytes) -> bytes:
-    """torch.jit.save's zip without what changes from run to run: the *.debug_pkl source locations
-    (they hold the caller's absolute path) and the random .data/serialization_id. Loading needs neither."""
-    source, out = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as archive:
-        for info in source.infolist():
-            if not info.filename.endswith((".debug_pkl", ".data/serialization_id")):
-                archive.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), source.read(info))
-    return out.getvalue()
-
-
-def load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, dict[str, str]]:
-    extra = {TORCHSCRIPT_METADATA: ""}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-    return module.eval(), json.loads(extra[TORCHSCRIPT_METADATA])
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or os.cpu_count() or 1)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure_timings(runtimes: dict[str, Any], images: np.ndarray, spec: PreprocessSpec, params: ExportParams,
@@ -218,16 +113,7 @@ def run(
     model, spec, payload = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
-    metadata = {
-        "preprocess_spec": spec.model_dump_json(),
-        "class_names": json.dumps(list(spec.class_names)),
-        "arch": str(payload["arch"]),
-        "model_sha256": sha256_file(model_path),
-        "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
-        "export_params_sha256": section_hash(params),
-        "code_sha256": code_sha256(),
-        **{f"provenance.{k}": str(v) for k, v in payload.get("provenance", {}).items()},
-    }
+    metadata = _metadata(params, spec, payload, model_path, shard_dir)
     images, labels = test.all_images(), test.labels
     if len(images) == 0:
         raise StageError(f"{shard_dir}: the test split is empty; nothing to prove the export against")
@@ -248,32 +134,16 @@ def run(
             int8_gates: list[Check] = []
             runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
             if "torchscript" in params.formats:
-                export_torchscript(model, spec, staging / TORCHSCRIPT_FILE, {**metadata, "format": "torchscript"})
-                scripted, _ = load_torchscript(staging / TORCHSCRIPT_FILE)
-                ts = parity(reference, predict_logits(scripted, images, spec, params.batch_size))
-                report["torchscript"] = {**ts, "sha256": sha256_file(staging / TORCHSCRIPT_FILE)}
+                scripted, ts = _torchscript(model, spec, staging, metadata, reference, images, params)
+                report["torchscript"] = ts
                 checks += parity_checks("torchscript", ts, params)
                 runtimes["torchscript"] = scripted
             if "onnx_int8" in params.formats:
                 sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
-                quantize_int8(tmp_onnx, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
-                              per_channel=params.int8.per_channel,
-                              keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
-                write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
-                int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
-                q = int8_report(fp32_logits, int8.logits(images, params.batch_size), labels)
-                int8_gates = int8_checks(q, params)
-                kept = all(c.passed for c in int8_gates)
-                # Deferred, not fatal: INT8 fidelity depends on the model (a half-trained one has small
-                # margins that rounding flips), so a failed INT8 gate is part of the model's verdict at
-                # check_regression, beside its accuracy vs the baseline. The file is not kept.
-                report["onnx_int8"] = {**q, "calibration_images": len(sample), "kept": kept,
-                                       "gates": [c.to_json() for c in int8_gates],
-                                       **({"sha256": int8.sha256} if kept else {})}  # fmt: skip
-                if kept:
+                int8, report["onnx_int8"], int8_gates = _int8(tmp_onnx, fp32, staging, metadata, sample, fp32_logits,
+                                                              images, labels, params, threads)  # fmt: skip
+                if int8 is not None:
                     runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
-                else:
-                    (staging / INT8_FILE).unlink()
             log.info("gates on %d test images:", len(images))
             enforce(checks)
             for check in int8_gates:
@@ -292,6 +162,56 @@ def run(
     for batch, row in timings["latency_ms_median"].items():
         log.info("latency %s (ms, median): %s", batch, ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     return ExportResult(onnx_path, report["agreement"], report["max_abs_diff"], report, timings)
+
+
+def _metadata(
+    params: ExportParams, spec: PreprocessSpec, payload: dict[str, Any], model_path: Path, shard_dir: Path
+) -> dict[str, str]:
+    """What every exported file carries in its metadata: the preprocessing spec, classes and provenance."""
+    return {
+        "preprocess_spec": spec.model_dump_json(),
+        "class_names": json.dumps(list(spec.class_names)),
+        "arch": str(payload["arch"]),
+        "model_sha256": sha256_file(model_path),
+        "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
+        "export_params_sha256": section_hash(params),
+        "code_sha256": code_sha256(),
+        **{f"provenance.{k}": str(v) for k, v in payload.get("provenance", {}).items()},
+    }
+
+
+def _torchscript(
+    model: torch.nn.Module, spec: PreprocessSpec, staging: Path, metadata: dict[str, str], reference: np.ndarray,
+    images: np.ndarray, params: ExportParams,
+) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
+    """TorchScript archive in `staging`, scored against PyTorch's logits."""
+    export_torchscript(model, spec, staging / TORCHSCRIPT_FILE, {**metadata, "format": "torchscript"})
+    scripted, _ = load_torchscript(staging / TORCHSCRIPT_FILE)
+    ts = parity(reference, predict_logits(scripted, images, spec, params.batch_size))
+    return scripted, {**ts, "sha256": sha256_file(staging / TORCHSCRIPT_FILE)}
+
+
+def _int8(
+    fp32_path: Path, fp32: OnnxModel, staging: Path, metadata: dict[str, str], sample: np.ndarray,
+    fp32_logits: np.ndarray, images: np.ndarray, labels: np.ndarray, params: ExportParams, threads: int,
+) -> tuple[OnnxModel | None, dict[str, Any], list[Check]]:  # fmt: skip
+    """Static INT8 in `staging`, gated against fp32; the session (None when its gates refused it), report, gates.
+
+    Deferred, not fatal: INT8 fidelity depends on the model (a half-trained one has small margins that
+    rounding flips), so a failed INT8 gate is part of the model's verdict at check_regression, beside
+    its accuracy vs the baseline. The file is not kept."""
+    quantize_int8(fp32_path, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
+                  per_channel=params.int8.per_channel, keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
+    write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
+    int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
+    q = int8_report(fp32_logits, int8.logits(images, params.batch_size), labels)
+    gates = int8_checks(q, params)
+    kept = all(c.passed for c in gates)
+    report = {**q, "calibration_images": len(sample), "kept": kept, "gates": [c.to_json() for c in gates],
+              **({"sha256": int8.sha256} if kept else {})}  # fmt: skip
+    if not kept:
+        (staging / INT8_FILE).unlink()
+    return (int8 if kept else None), report, gates
 
 
 def _main(p: Params) -> None:

@@ -103,18 +103,7 @@ def run(
         std=params.std,
         class_names=class_names,
     )
-    # Pass 1: duplicates are known before anything is decoded or written. Only files of equal size
-    # (discovery stats every candidate) can have equal bytes, so only those are hashed here; every
-    # other file is read once, by the decode pass, which hashes the bytes it decodes. Threads
-    # suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes.
-    same_size = Counter(h.size for h in hashes if not h.error and h.size > 0)
-    shared = [i for i, h in enumerate(hashes) if not h.error and same_size[h.size] > 1]
-    chunks = [shared[start : start + 128] for start in range(0, len(shared), 128)]
-    with ThreadPoolExecutor(params.workers) as threads, _bar(None, len(shared), "hash same-size files") as bar:
-        for chunk in threads.map(lambda chunk: [(i, hash_file(roots, candidates[i])) for i in chunk], chunks):
-            for i, hashed in chunk:
-                hashes[i] = hashed
-            bar.update(len(chunk))
+    _hash_same_size(params.workers, roots, candidates, hashes)
     todo = plan(candidates, hashes, class_names)
     split_seed = derive_seed(seed, "preprocess")
     with atomic_dir(out_dir) as tmp:
@@ -140,43 +129,69 @@ def run(
         labels = {split: [f["label"] for f in files if f["split"] == split] for split in SPLITS}
         split_counts = {split: len(labels[split]) for split in SPLITS}
         _check_usable(source, test_source, class_names, files, split_counts, quarantined)
-        test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "image_size": params.image_size,
-            "schema": schema_description(params.image_size),
-            "class_names": list(class_names),
-            "spec": spec.model_dump(mode="json"),
-            "split_rule": {
-                "by": "sha256 of the file's bytes and the seed",
-                "seed": seed,
-                "val_fraction": params.val_fraction,
-                "test_fraction": 0.0 if test_source is not None else params.test_fraction,
-                "test": "data.test_source" if test_source is not None else "hash range",
-            },
-            "counts": counts,
-            "duplicate_groups": len(todo.duplicates),
-            "splits": {
-                split: {
-                    "count": split_counts[split],
-                    "class_counts": class_counts(labels[split], len(class_names)),
-                    "shards": shards[split],
-                }
-                for split in SPLITS
-            },
-            "test_set": {
-                "count": len(test_hashes),
-                "sha256": hashlib.sha256("\n".join(test_hashes).encode()).hexdigest(),
-                "files": test_hashes,
-            },
-            "files": files,
-        }
+        manifest = _manifest(params, seed, spec, test_source is not None, counts, todo, split_counts, labels,
+                             shards, files)  # fmt: skip
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
         (tmp / QUARANTINE).write_text(dumps_json(report))
 
     _log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
     return PreprocessResult(counts, split_counts, class_names, Path(out_dir))
+
+
+def _hash_same_size(workers: int, roots: Any, candidates: list[Candidate], hashes: list[Hashed]) -> None:
+    """Pass 1: duplicates are known before anything is decoded or written. Only files of equal size
+    (discovery stats every candidate) can have equal bytes, so only those are hashed here; every
+    other file is read once, by the decode pass, which hashes the bytes it decodes. Threads
+    suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes."""
+    same_size = Counter(h.size for h in hashes if not h.error and h.size > 0)
+    shared = [i for i, h in enumerate(hashes) if not h.error and same_size[h.size] > 1]
+    chunks = [shared[start : start + 128] for start in range(0, len(shared), 128)]
+    with ThreadPoolExecutor(workers) as threads, _bar(None, len(shared), "hash same-size files") as bar:
+        for chunk in threads.map(lambda chunk: [(i, hash_file(roots, candidates[i])) for i in chunk], chunks):
+            for i, hashed in chunk:
+                hashes[i] = hashed
+            bar.update(len(chunk))
+
+
+def _manifest(
+    params: PreprocessParams, seed: int, spec: PreprocessSpec, has_test_folder: bool, counts: dict[str, int],
+    todo: Plan, split_counts: dict[str, int], labels: dict[str, list[int]], shards: dict[str, Any],
+    files: list[dict[str, Any]],
+) -> dict[str, Any]:  # fmt: skip
+    """manifest.json: format, spec, split rule, counts, shards, the frozen test set and every accepted file."""
+    class_names = spec.class_names
+    test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
+    return {
+        "format_version": FORMAT_VERSION,
+        "image_size": params.image_size,
+        "schema": schema_description(params.image_size),
+        "class_names": list(class_names),
+        "spec": spec.model_dump(mode="json"),
+        "split_rule": {
+            "by": "sha256 of the file's bytes and the seed",
+            "seed": seed,
+            "val_fraction": params.val_fraction,
+            "test_fraction": 0.0 if has_test_folder else params.test_fraction,
+            "test": "data.test_source" if has_test_folder else "hash range",
+        },
+        "counts": counts,
+        "duplicate_groups": len(todo.duplicates),
+        "splits": {
+            split: {
+                "count": split_counts[split],
+                "class_counts": class_counts(labels[split], len(class_names)),
+                "shards": shards[split],
+            }
+            for split in SPLITS
+        },
+        "test_set": {
+            "count": len(test_hashes),
+            "sha256": hashlib.sha256("\n".join(test_hashes).encode()).hexdigest(),
+            "files": test_hashes,
+        },
+        "files": files,
+    }
 
 
 def _decode_and_write(

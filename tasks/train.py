@@ -182,13 +182,9 @@ def _train(
         telemetry.close()
     in_sync = _ranks_in_sync(model.module, world)
     if world.is_main:
-        prov = {**provenance, **({"init_from_sha256": model.transfer["sha256"]} if model.transfer else {})}
-        save_model_file(out.model, model.module, arch=params.arch, spec=spec, provenance=prov)
-        write_json(out.history, progress.history)
-        plot_history(progress.history, out.plot)
         meta = run_metadata(params, recipe, identity, precision, world, data.sampler, progress, runner.stats,
                             model, in_sync)  # fmt: skip
-        write_json(out.run_meta, meta)
+        _write_outputs(out, params, spec, model, provenance, progress, meta)
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run_dir / "profile.json", {**profile, "resumed_from_step": resumed_from})
         for folder in prune_runs(out.checkpoints, keep=params.keep_checkpoint_runs, current=identity.name):
@@ -196,6 +192,18 @@ def _train(
                      folder, params.keep_checkpoint_runs)  # fmt: skip
     return TrainResult(out.model, progress.history[-1]["val_accuracy"], int(params.epochs),
                        profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
+
+
+def _write_outputs(
+    out: Outputs, params: TrainParams, spec: PreprocessSpec, model: Model, provenance: dict[str, str],
+    progress: Progress, meta: dict[str, Any],
+) -> None:  # fmt: skip
+    """model.pt (weights + spec + provenance), the history and its plot, train_run.json: the stage's outs."""
+    prov = {**provenance, **({"init_from_sha256": model.transfer["sha256"]} if model.transfer else {})}
+    save_model_file(out.model, model.module, arch=params.arch, spec=spec, provenance=prov)
+    write_json(out.history, progress.history)
+    plot_history(progress.history, out.plot)
+    write_json(out.run_meta, meta)
 
 
 def _setup_data(

@@ -19,7 +19,7 @@ from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import TINY, commit, deep_update, dvc, make_project, sh, write_params
 
 # Three full runs of the tiny pipeline (about 1-3 minutes on 2 cores): make test-slow. The default
-# suite covers the same gate without DVC in tests/test_regression_gate.py.
+# suite covers the same gate without DVC in tests/stages/test_check_regression.py.
 pytestmark = pytest.mark.slow
 
 

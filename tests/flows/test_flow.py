@@ -78,6 +78,16 @@ def test_train_flow_runs_every_stage_through_dvc(trained: dict[str, Any]) -> Non
     assert all(tasks[name].state.is_completed() for name in load_stages(repo))
 
 
+def test_each_stage_task_waits_for_exactly_its_upstream_stages(trained: dict[str, Any]) -> None:
+    """The edges the Prefect UI draws: every stage's task run lists its upstream stages' runs as inputs."""
+    runs = [run for run in api_task_runs(trained["run_id"]) if run.name in load_stages(trained["repo"])]
+    name_of = {run.id: run.name for run in runs}
+    edges = {run.name: {name_of[i.id] for i in run.task_inputs.get("wait_for", [])} for run in runs}
+    assert edges == {name: set(stage.upstream) for name, stage in load_stages(trained["repo"]).items()}
+    assert edges["check_regression"] == {"export", "preprocess"}  # not evaluate: it reads nothing of it
+    assert edges["evaluate"] == edges["export"] == {"preprocess", "train"}
+
+
 def test_train_task_retries_after_a_failure(trained: dict[str, Any]) -> None:
     train = next(run for run in api_task_runs(trained["run_id"]) if run.name == "train")
     assert train.state.is_completed() and train.run_count == 2
@@ -90,10 +100,10 @@ def test_artifacts_and_run_manifest(trained: dict[str, Any]) -> None:
     repo, run_id = trained["repo"], trained["run_id"]
     artifacts = api_artifacts(run_id)
     assert {KEYS["evaluate"], KEYS["export"], KEYS["check_regression"], KEYS["manifest"]} <= set(artifacts)
-    metrics = read_json(repo / "reports" / stage_reports["evaluate"])
+    metrics = read_json(repo / stage_reports(Paths())["evaluate"])
     assert table(artifacts[KEYS["evaluate"]])["accuracy"] == metrics["accuracy"]
     assert table(artifacts[KEYS["evaluate"]]) == {row["key"]: row["value"] for row in flatten(metrics)}
-    parity = read_json(repo / "reports" / stage_reports["export"])
+    parity = read_json(repo / stage_reports(Paths())["export"])
     assert table(artifacts[KEYS["export"]])["max_abs_diff"] == parity["max_abs_diff"]
     assert "no baseline" in artifacts[KEYS["check_regression"]].data
 

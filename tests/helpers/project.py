@@ -27,7 +27,7 @@ TINY = {
     # A model trained for one short epoch has large, unsettled logits; fp32 rounding differences
     # between PyTorch and onnxruntime scale with them. It is also near chance, with near-tied logits
     # that INT8 rounding flips: on ~20 test images one flip is 5 points. (INT8 gates at their
-    # defaults are tested on a trained model in tests/test_export.py.)
+    # defaults are tested on a trained model in tests/stages/test_export.py.)
     "export": {
         "max_abs_diff": 0.01,
         "int8": {"max_accuracy_drop": 0.25, "min_agreement": 0.5},

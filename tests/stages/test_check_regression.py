@@ -18,9 +18,9 @@ import torch
 from tasks import check_regression, promote
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
-from tasks.export import write_metadata
 from tasks.images.shards import MANIFEST
 from tasks.release.inference import OnnxModel
+from tasks.release.onnx_metadata import write_metadata
 from tasks.release.verdict import Verdict
 from tests.helpers.export import PARAMS, export_model
 

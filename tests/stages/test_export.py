@@ -22,7 +22,9 @@ from tasks.core.params import ParamsError, parse_params
 from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release import parity
 from tasks.release.inference import OnnxModel
+from tasks.release.onnx_metadata import write_metadata
 from tasks.training.models import load_model_file, predict_logits
+from tasks.training.serialize import load_torchscript, stable_archive
 from tests.helpers.export import PARAMS, export_model, sha256
 
 
@@ -99,12 +101,12 @@ def test_metadata_carries_spec_and_provenance_in_every_format(exported: Path, mo
     assert meta["provenance.params_sha256"] == "p" * 64 and meta["format"] == "onnx"
     int8_meta = OnnxModel.load(exported / "models/exports/model.int8.onnx").metadata
     assert int8_meta == {**meta, "format": "onnx_int8"}
-    _, ts_meta = export.load_torchscript(exported / "models/exports/model.torchscript.pt")
+    _, ts_meta = load_torchscript(exported / "models/exports/model.torchscript.pt")
     assert ts_meta == {**meta, "format": "torchscript"}
 
 
 def test_torchscript_gives_pytorch_logits(exported: Path, model: Path, shards: Path) -> None:
-    module, _ = export.load_torchscript(exported / "models/exports/model.torchscript.pt")
+    module, _ = load_torchscript(exported / "models/exports/model.torchscript.pt")
     eager, spec, _ = load_model_file(model)
     images = ShardSplit.open(shards, "test").all_images()
     np.testing.assert_array_equal(predict_logits(module, images, spec), predict_logits(eager, images, spec))
@@ -139,7 +141,7 @@ def test_wrong_normalisation_in_the_exported_model_fails_the_parity_gate(
     faulty.write_bytes((exported / "models/model.onnx").read_bytes())
     meta = OnnxModel.load(faulty).metadata
     wrong = spec.model_copy(update={"mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)})
-    export.write_metadata(faulty, {**meta, "preprocess_spec": wrong.model_dump_json()})
+    write_metadata(faulty, {**meta, "preprocess_spec": wrong.model_dump_json()})
     images = ShardSplit.open(shards, "test").all_images()
     report = parity.parity(predict_logits(eager, images, spec), OnnxModel.load(faulty).logits(images))
     checks = parity.parity_checks("onnx", report, PARAMS.export)
@@ -187,9 +189,14 @@ def test_code_version_covers_exactly_the_modules_export_imports(tmp_path: Path) 
     with open(copy / "summary.py", "a") as handle:  # not imported by export: same version
         handle.write("# an unrelated edit\n")
     assert export.code_sha256(root=copy) == export.code_sha256()
-    with open(copy / "imaging.py", "a") as handle:  # preprocessing code: a new version
-        handle.write("# an edit to preprocessing\n")
-    assert export.code_sha256(root=copy) != export.code_sha256()
+    with open(copy / "training" / "step.py", "a") as handle:  # training code export does not import: same
+        handle.write("# an edit to the step\n")
+    assert export.code_sha256(root=copy) == export.code_sha256()
+    for module in ("images/imaging.py", "release/onnx_metadata.py", "training/serialize.py"):  # all imported
+        before = export.code_sha256(root=copy)
+        with open(copy / module, "a") as handle:
+            handle.write("# an edit\n")
+        assert export.code_sha256(root=copy) != before, module
 
 
 def test_torchscript_archive_is_byte_stable_and_loads(model: Path, tmp_path: Path) -> None:
@@ -212,11 +219,11 @@ def test_torchscript_archive_is_byte_stable_and_loads(model: Path, tmp_path: Pat
             dst.writestr(info, b"/another/checkout/tasks/export.py" if volatile else src.read(info))
     raw = [buffer.getvalue(), other.getvalue()]
     assert raw[0] != raw[1]
-    assert export.stable_archive(raw[0]) == export.stable_archive(raw[1])
+    assert stable_archive(raw[0]) == stable_archive(raw[1])
     path = tmp_path / "m.pt"
-    path.write_bytes(export.stable_archive(raw[0]))
+    path.write_bytes(stable_archive(raw[0]))
     assert not any(n.endswith((".debug_pkl", "serialization_id")) for n in zipfile.ZipFile(path).namelist())
-    module, meta = export.load_torchscript(path)
+    module, meta = load_torchscript(path)
     assert meta == {"k": "v"}
     images = np.zeros((2, 3, 32, 32), np.uint8)
     np.testing.assert_array_equal(predict_logits(module, images, spec), predict_logits(eager, images, spec))

@@ -1,4 +1,4 @@
-"""evaluate on a tiny trained model (train: tests/test_train*.py; export: tests/test_export.py)."""
+"""evaluate on a tiny trained model (train: tests/stages/test_train.py; export: tests/stages/test_export.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def model(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_once(shards, tmp_path_factory.mktemp("model"))
 
 
-# The train stage's own tests (determinism, history, resume, faults) are in tests/test_train*.py.
+# The train stage's own tests (determinism, history, resume, faults): tests/stages/test_train.py, tests/training/.
 
 
 def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_path: Path) -> None:
@@ -58,4 +58,4 @@ def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_pa
     assert sum(c["support"] for c in metrics["per_class"].values()) == metrics["num_samples"]
 
 
-# The export stage's tests are in tests/test_export.py (and the gate's in tests/test_regression_gate.py).
+# The export stage's tests are in tests/stages/test_export.py (and the gate's in tests/stages/test_check_regression.py).
