@@ -30,12 +30,12 @@ def load_stages(repo_dir: Path = Path(".")) -> dict[str, Stage]:
         stages = {}
         for stage in graph.nodes:
             cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd)
-            stages[stage.addressing] = Stage(
-                name=stage.addressing,
+            stages[stage.name] = Stage(
+                name=stage.name,
                 cmd=cmd,
                 deps=tuple(str(dep.def_path) for dep in stage.deps),
                 outs=tuple(str(out.def_path) for out in stage.outs),
-                upstream=frozenset(dependency.addressing for dependency in graph.successors(stage)),
+                upstream=frozenset(dependency.name for dependency in graph.successors(stage)),
             )
     return {name: stages[name] for layer in layers(stages) for name in layer}
 

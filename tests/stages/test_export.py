@@ -24,7 +24,7 @@ from tasks.release import parity
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tasks.training.models import load_model_file, predict_logits
-from tasks.training.serialize import load_torchscript, stable_archive
+from tasks.training.serialize import TORCHSCRIPT_METADATA, load_torchscript, stable_archive
 from tests.helpers.export import PARAMS, export_model, sha256
 
 
@@ -211,7 +211,7 @@ def test_torchscript_archive_is_byte_stable_and_loads(model: Path, tmp_path: Pat
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(eager, torch.zeros(1, 3, 32, 32))
         buffer = io.BytesIO()
-        torch.jit.save(traced, buffer, _extra_files={export.TORCHSCRIPT_METADATA: '{"k": "v"}'})
+        torch.jit.save(traced, buffer, _extra_files={TORCHSCRIPT_METADATA: '{"k": "v"}'})
     other = io.BytesIO()  # the same archive as another run in another folder would write it
     with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as src, zipfile.ZipFile(other, "w") as dst:
         for info in src.infolist():

@@ -112,7 +112,7 @@ def test_failure_keeps_previous_output(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_skip_when_data_source_is_elsewhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     generated = tmp_path / "data" / "generated"
     generated.mkdir(parents=True)
@@ -126,13 +126,14 @@ def test_skip_when_data_source_is_elsewhere(
         }
     )
     monkeypatch.setattr(generate, "run", lambda *a, **k: pytest.fail("run() must not be called"))
-    generate.body(params)
+    caplog.set_level("INFO")
+    generate._main(params)
     assert [p.name for p in generated.iterdir()] == ["SKIPPED.txt"]
     assert str(tmp_path / "mine") in (generated / "SKIPPED.txt").read_text()
-    assert "skipping generation" in capsys.readouterr().out
+    assert "skipping generation" in caplog.text
 
 
-def test_body_generates_when_source_is_the_default(tmp_path: Path) -> None:
+def test_main_generates_when_source_is_the_default(tmp_path: Path) -> None:
     generated = tmp_path / "generated"
     params = Params().model_copy(
         update={
@@ -142,7 +143,7 @@ def test_body_generates_when_source_is_the_default(tmp_path: Path) -> None:
             "generate": SMALL.model_copy(update={"num_classes": 2, "images_per_class": 3}),
         }
     )
-    generate.body(params)
+    generate._main(params)
     assert sorted(p.name for p in generated.iterdir()) == list(synth.CLASS_NAMES[:2])
     assert len(list(generated.rglob("*.*"))) == 6
     assert not (generated / "SKIPPED.txt").exists()
@@ -158,5 +159,5 @@ def test_refuses_to_replace_a_source_inside_the_generated_folder(tmp_path: Path)
         }
     )
     with pytest.raises(StageError, match="inside"):
-        generate.body(params)
+        generate._main(params)
     assert (generated / "mine").is_dir()

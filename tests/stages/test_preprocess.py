@@ -22,8 +22,8 @@ from tasks.images.validation import SOURCE, discover
 from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
 from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=16, val_fraction=0.2, test_fraction=0.2)
 
 
