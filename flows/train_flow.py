@@ -138,7 +138,8 @@ def train_flow(
             if future.state.is_final():
                 future.result()  # raises the first failure in DAG order, naming its stage
         if push:
-            outcomes["dvc push"] = push_outputs(str(repo), remote)
+            # after every stage, drawn so in the UI
+            outcomes["dvc push"] = push_outputs.submit(str(repo), remote, wait_for=list(futures.values())).result()
     except BaseException:
         try:
             record_run(repo, params, outcomes, "failed")
