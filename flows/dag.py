@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dvc.repo import Repo
+from dvc.stage import PipelineStage
 
 
 @dataclass(frozen=True)
@@ -28,14 +29,15 @@ def load_stages(repo_dir: Path = Path(".")) -> dict[str, Stage]:
     with Repo(str(repo_dir)) as repo:
         graph = repo.index.graph  # an edge goes from a stage to a stage it depends on
         stages = {}
-        for stage in graph.nodes:
+        # dvc.yaml's stages only: a `dvc add`ed folder or file (data/raw/*.dvc, baseline/*.dvc) is a node too
+        for stage in (node for node in graph.nodes if isinstance(node, PipelineStage)):
             cmd = stage.cmd if isinstance(stage.cmd, str) else " && ".join(stage.cmd)
             stages[stage.name] = Stage(
                 name=stage.name,
                 cmd=cmd,
                 deps=tuple(str(dep.def_path) for dep in stage.deps),
                 outs=tuple(str(out.def_path) for out in stage.outs),
-                upstream=frozenset(dependency.name for dependency in graph.successors(stage)),
+                upstream=frozenset(up.name for up in graph.successors(stage) if isinstance(up, PipelineStage)),
             )
     return {name: stages[name] for layer in layers(stages) for name in layer}
 

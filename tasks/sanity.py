@@ -58,7 +58,7 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
     # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
     recipe = train.model_copy(
         update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
-                "nonfinite": "abort", "batch_size": batch, "epochs": 1}
+                "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip
     model = build_model(recipe.arch, len(spec.class_names)).to(device)
     optimizer = build_optimizer(model, recipe)

@@ -164,8 +164,14 @@ class Checkpointer:
                 f"{path}: cannot be loaded ({type(exc).__name__}: {str(exc)[:200]}); delete it or set "
                 "train.resume: false to start fresh"
             ) from None
-        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-            raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+        if not isinstance(payload, dict) or "format" not in payload:
+            raise CheckpointError(f"{path}: not a checkpoint of this pipeline; delete it or set train.resume: false")
+        if payload["format"] != FORMAT:
+            # Written by another version of this code (say, before an upgrade): it cannot be resumed,
+            # and refusing would stop every rerun of the stage. Start fresh; it is replaced at the first save.
+            log.warning("%s: a checkpoint of format %s, this code reads format %s; starting this run fresh",
+                        path, payload["format"], FORMAT)  # fmt: skip
+            return None
         mine, theirs = self.identity, (payload["params_sha256"], payload["data_sha256"])
         if theirs != (mine.params_sha256, mine.data_sha256):
             what = " and ".join(

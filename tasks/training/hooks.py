@@ -10,8 +10,8 @@ from outside (the tests plant faults through them: tests/helpers/faults.py).
                                    renamed into place
     after_checkpoint(path, number) ... and is on disk as `path`
 
-`IMAGEPIPE_TRAIN_HOOKS=/path/to/module.py` loads the module's `make_hooks()` into the train stage and
-`make sanity`. Unset (the normal case), nothing is imported.
+`IMAGEPIPE_TRAIN_HOOKS=/path/to/module.py` loads the module's `make_hooks()` into the train stage
+(`make sanity` takes none). Unset (the normal case), nothing is imported.
 """
 
 from __future__ import annotations

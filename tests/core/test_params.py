@@ -147,15 +147,15 @@ def test_stage_processes_spin_briefly_unless_told_otherwise(monkeypatch: pytest.
 
 
 def test_a_busy_machine_gets_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from tasks.training import runtime as runstate
+    from tasks.training import runtime
 
-    monkeypatch.setattr(runstate.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(runstate.os, "getloadavg", lambda: (0.4, 0.3, 0.2))
-    with caplog.at_level("WARNING", logger="tasks.training.state"):
-        assert runstate.warn_if_cores_busy(2) == 0.4
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.4, 0.3, 0.2))
+    with caplog.at_level("WARNING", logger="tasks.training.runtime"):
+        assert runtime.warn_if_cores_busy(2) == 0.4
     assert caplog.text == ""
-    monkeypatch.setattr(runstate.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
-    with caplog.at_level("WARNING", logger="tasks.training.state"):
-        runstate.warn_if_cores_busy(2)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (2.1, 1.0, 0.5))
+    with caplog.at_level("WARNING", logger="tasks.training.runtime"):
+        runtime.warn_if_cores_busy(2)
     assert "load average 2.1 on 2 cores: other jobs are using the CPUs" in caplog.text
     assert "train.threads" in caplog.text

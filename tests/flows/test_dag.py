@@ -39,6 +39,9 @@ def test_templates_vars_and_foreach_resolve_from_elsewhere(tmp_path: Path, monke
     dvc("init", "-q", cwd=repo)
     (repo / "dvc.yaml").write_text(DVC_YAML)
     (repo / "params.yaml").write_text("src: raw\n")
+    (repo / "raw").mkdir()
+    (repo / "raw" / "a.txt").write_text("a")
+    dvc("add", "raw", cwd=repo)  # a .dvc file's stage is in DVC's graph too, and is no stage of dvc.yaml
     monkeypatch.chdir(tmp_path)  # not the repository: stage names must not become relative paths
     stages = load_stages(repo)
     assert list(stages) == ["make", "score@a", "score@b", "report"]

@@ -166,3 +166,19 @@ def test_prune_keeps_the_current_run_and_the_newest_others(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names[0], names[3], names[4], "notes", foreign.name])
     assert prune_runs(tmp_path, keep=0, current=names[0]) == []  # 0 keeps everything
     assert prune_runs(tmp_path / "absent", keep=1, current=names[0]) == []
+
+
+def test_a_checkpoint_of_another_format_starts_the_run_fresh_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint an older version of the code wrote (format 1) cannot be resumed; it must not stop the rerun."""
+    ckpt = Checkpointer(tmp_path, IDENTITY)
+    ckpt.save(payload(1.0), is_best=False)
+    old = torch.load(ckpt.last, weights_only=True)
+    torch.save({**old, "format": 1}, ckpt.last)
+    with caplog.at_level("WARNING", logger="tasks.training.checkpoint"):
+        assert ckpt.load() is None
+    assert "a checkpoint of format 1, this code reads format 2; starting this run fresh" in caplog.text
+    torch.save({"weights": torch.ones(1)}, ckpt.last)  # not ours at all: refused, with the way out
+    with pytest.raises(CheckpointError, match=r"not a checkpoint of this pipeline; delete it or set train.resume"):
+        ckpt.load()
