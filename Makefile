@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity
-.PHONY: serve
+.PHONY: serve add-data commit-run
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
@@ -38,10 +38,29 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -m slow
 
+# After a run, commit what DVC recorded, as DVC intends: dvc.lock, the .gitignore and .dvc files it
+# wrote, the uncached metrics and plots in reports/, and the params they came from. Then
+# `dvc metrics diff`, `dvc params diff` and `dvc exp show` compare against this run; `dvc push` shares
+# the cached outputs. Nothing is committed when nothing changed.
+MSG ?= pipeline run: dvc.lock and reports
+commit-run: setup
+	git add dvc.yaml dvc.lock params.yaml reports data models $(wildcard baseline)
+	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
+	else git commit -q -m "$(MSG)" && git log --oneline -1; fi
+
+# Your ImageFolder as versioned data: copied to data/raw/$(NAME), `dvc add`ed, params.yaml's data.source
+# pointed at it. Then commit the .dvc file (the command prints what to add) and `dvc push`.
+add-data: setup
+	@test -n "$(SRC)" || { echo "error: SRC is missing: make add-data SRC=/path/to/images NAME=pets" >&2; exit 2; }
+	@test -n "$(NAME)" || { echo "error: NAME is missing: make add-data SRC=$(SRC) NAME=pets" >&2; exit 2; }
+	$(BIN)/python -m tasks.add_data "$(SRC)" "$(NAME)"
+
 # Make this run's exported model (hash-verified) and its test metrics the baseline that
-# check_regression compares against; baseline/ files are `dvc add`ed: commit baseline/ afterwards.
+# check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against
+# the new baseline, so dvc.lock records it as DVC would (`dvc status` stays clean): then make commit-run.
 promote: setup
 	$(BIN)/python -m tasks.promote
+	$(BIN)/dvc repro --single-item check_regression
 
 lint: setup
 	$(BIN)/ruff check tasks flows serving tests bench

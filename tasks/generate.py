@@ -21,7 +21,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir
 from tasks.core.params import GenerateParams, Params, derive_seed
 from tasks.images import synth
-from tasks.images.validation import check_data_folders
+from tasks.images.validation import check_data_folders, unversioned_source
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ def _main(params: Params) -> None:
     if generated.resolve() in source.resolve().parents:
         raise StageError(f"data.source ({source}) lies inside paths.generated ({generated})")
     check_data_folders(params.data, generated)  # the first stage: a mistyped folder stops the run here
+    warning = unversioned_source(params.data, generated)
+    if warning:
+        log.warning("%s", warning)
     if source.resolve() != generated.resolve():
         log.info("using your data at %s; skipping generation", source)
         # DVC needs the declared output to exist, so leave a marker saying which data is used.

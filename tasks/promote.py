@@ -100,8 +100,9 @@ def _main(params: Params) -> None:
     if not result.passed_gate:
         log.warning("note: this model failed the gate against the previous baseline; promoting accepts that")
     log.info(
-        "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it:\n"
-        "  git add %s && git commit -m 'promote baseline'   # and `dvc push` to share it",
+        "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it, after the gate has run "
+        "against it (make promote does that):\n"
+        "  make commit-run MSG='promote baseline'   # commits %s, dvc.lock, reports; `dvc push` shares the files",
         paths.onnx,
         result.onnx_sha256[:16],
         result.accuracy,

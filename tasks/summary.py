@@ -10,6 +10,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.core.params import Params
 from tasks.images.shards import QUARANTINE
+from tasks.images.validation import unversioned_source
 
 
 def _read(path: Path) -> Any:
@@ -31,6 +32,8 @@ def _main(params: Params) -> None:
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
         + ("" if q["kept"] else " (refused by its gates)"))  # fmt: skip
+    unversioned = "" if unversioned_source(params.data, paths.generated) is None else (
+        " (not versioned: make add-data)")  # fmt: skip
     timings_path = paths.export_timings
     timings = read_json(timings_path) if timings_path.is_file() else {}
     if timings.get("model", {}).get("onnx_sha256") != export["onnx_sha256"]:
@@ -41,7 +44,7 @@ def _main(params: Params) -> None:
     print(
         "\nPipeline finished\n"
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
-        f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored\n"
+        f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored{unversioned}\n"
         f"  recipe        {recipe}\n"
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import re
 
@@ -107,3 +108,31 @@ def test_flow_runs_every_stage_once_in_dependency_order() -> None:
 def test_default_data_flows_from_generate_to_preprocess() -> None:
     assert "generate" in upstream(STAGES)["preprocess"]
     assert upstream(STAGES)["train"] == {"preprocess"}
+
+
+def test_the_committed_dvc_lock_is_the_current_pipelines() -> None:
+    """dvc.lock ships with the repository (a fresh clone's `make run` reproduces it, tested in the slow
+    suite). It must describe this commit's code and params: a code or params edit without a new run
+    would leave `dvc metrics diff` and a second machine's `dvc pull` comparing against a stale record."""
+    lock_path = ROOT / "dvc.lock"
+    assert lock_path.is_file(), "dvc.lock is not committed: run `make run && make commit-run`"
+    lock = yaml.safe_load(lock_path.read_text())["stages"]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert set(lock) == set(PIPELINE), f"dvc.lock has stages {sorted(lock)}, dvc.yaml {sorted(PIPELINE)}"
+    stale = []
+    for name, stage in lock.items():
+        if stage["cmd"] != PIPELINE[name]["cmd"]:
+            stale.append(f"{name}: cmd")
+        for dep in stage.get("deps", []):
+            if dep["path"].startswith("tasks/"):
+                path = ROOT / dep["path"]
+                current = hashlib.md5(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+                if current != dep["md5"]:
+                    stale.append(f"{name}: {dep['path']}")
+        listed = {d for d in STAGES[name].deps if d.startswith("tasks/")}
+        if listed != {d["path"] for d in stage.get("deps", []) if d["path"].startswith("tasks/")}:
+            stale.append(f"{name}: its code deps in dvc.yaml")
+        for section, value in stage.get("params", {}).get("params.yaml", {}).items():
+            if params.get(section) != value:
+                stale.append(f"{name}: params {section}")
+    assert not stale, f"dvc.lock is stale ({', '.join(stale)}): run `make run && make commit-run`"

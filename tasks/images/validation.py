@@ -98,6 +98,23 @@ def check_data_folders(data: DataParams, generated: Path) -> None:
         class_folders(test_source, what="data.test_source", at_least=1)
 
 
+def unversioned_source(data: DataParams, generated: Path, repo: Path = Path()) -> str | None:
+    """A warning when data.source is a folder DVC hashes but does not store: outside the repository, or
+    inside it but not `dvc add`ed (no <folder>.dvc beside it or beside a folder above it)."""
+    source, root = Path(data.source).resolve(), repo.resolve()
+    if source == Path(generated).resolve():
+        return None  # the generate stage's output: cached and pushed like every output
+    inside = source == root or root in source.parents
+    folders = [source, *(p for p in source.parents if p == root or root in p.parents)]
+    if inside and any(f.with_name(f.name + ".dvc").is_file() for f in folders if f != root):
+        return None
+    return (
+        f"data.source {data.source} is not versioned: DVC hashes it as a dependency but does not store it, so once "
+        f"the folder changes no commit can rebuild its model; `make add-data SRC={data.source} NAME=<name>` "
+        "copies it under data/raw/ and tracks it"
+    )
+
+
 def _walk_files(root: Path) -> list[tuple[str, os.DirEntry[str]]]:
     """Every file under root as (relative POSIX path, its DirEntry), sorted by path; symlinked
     folders followed once (no cycles). os.scandir: file types come from the directory listing, so

@@ -1,9 +1,12 @@
-"""Reading a Prefect run back through the real API (task runs, logs, artifacts), and a model made worse on purpose."""
+"""Prefect for tests: the project's tooling driven as a user drives it (`Production`), runs read back through
+the real API (task runs, logs, artifacts), and a model made worse on purpose."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -83,3 +86,76 @@ def prefect_env(home: Path, port: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(IMAGEPIPE_VENV=str(VENV), PREFECT_HOME=str(home), PREFECT_SERVER_API_PORT=str(port), **extra)
     return env
+
+
+class Production:
+    """The project's Prefect tooling, driven the way a user does: scripts/prefect.sh and the prefect CLI."""
+
+    def __init__(self, repo: Path, env: dict[str, str]) -> None:
+        self.repo, self.env = repo, env
+
+    def script(self, command: str) -> None:
+        proc = subprocess.run(
+            [str(self.repo / "scripts" / "prefect.sh"), command], env=self.env, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"prefect.sh {command}:\n{proc.stdout}\n{proc.stderr}"
+
+    def prefect(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(VENV / "bin" / "prefect"), *args], cwd=self.repo, env=self.env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def client(self) -> contextlib.AbstractContextManager[Any]:
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        return temporary_settings({PREFECT_API_URL: self.env["PREFECT_API_URL"]})
+
+    def latest_run(self, deployment: str) -> Any:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import (
+            DeploymentFilter,
+            DeploymentFilterName,
+            FlowRunFilter,
+            FlowRunFilterState,
+            FlowRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.client.schemas.sorting import FlowRunSort
+
+        started = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[StateType.SCHEDULED])))
+        with self.client(), get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(
+                deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])),
+                flow_run_filter=started, sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1,
+            )  # fmt: skip
+        return runs[0]
+
+    def deployment(self, name: str) -> Any:
+        from prefect.client.orchestration import get_client
+
+        with self.client(), get_client(sync_client=True) as client:
+            return client.read_deployment_by_name(name)
+
+    def flow_run(self, run_id: UUID) -> Any:
+        from prefect.client.orchestration import get_client
+
+        with self.client(), get_client(sync_client=True) as client:
+            return client.read_flow_run(run_id)
+
+    def logs(self, run_id: UUID, wait_for: str | None = None, timeout: float = 30) -> str:
+        with self.client():
+            return api_logs(run_id, wait_for, timeout)
+
+    def artifacts(self, run_id: UUID) -> dict[str, Any]:
+        with self.client():
+            return api_artifacts(run_id)
+
+    def task_runs(self, run_id: UUID) -> dict[str, Any]:
+        with self.client():
+            return {run.name: run for run in api_task_runs(run_id)}
+
+    def run_and_watch(self, deployment: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+        proc = self.prefect("deployment", "run", deployment, "--watch")
+        return proc, self.latest_run(deployment.split("/")[1])

@@ -1,0 +1,77 @@
+"""`make add-data SRC=/path/to/images NAME=pets`: an ImageFolder becomes versioned data of this project.
+
+SRC is checked as an ImageFolder (at least two class folders), copied to data/raw/NAME (written beside
+it and renamed in, so a failed copy leaves nothing that looks complete), `dvc add`ed, and params.yaml's
+`data.source` is pointed at it (DVC's own params writer, the one `dvc exp run -S` uses, so the rest
+of the file stays as it is). SRC itself is never modified. Then commit data/raw/NAME.dvc,
+data/raw/.gitignore and params.yaml, and `dvc push` stores the images: any commit can rebuild its
+model from the data it was trained on. The server's review folder (data/review) comes in the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.params import PARAMS_FILE, Params
+from tasks.images.validation import class_folders
+
+log = logging.getLogger(__name__)
+RAW = Path("data/raw")
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS_FILE) -> Path:
+    """Copy `src` to raw_dir/name, `dvc add` it, set data.source; returns the new folder."""
+    if not NAME_RULE.fullmatch(name):
+        raise StageError(f"NAME {name!r}: use letters, digits, '.', '_' or '-' (at most 64, no '/'), e.g. NAME=pets")
+    classes = class_folders(src, what="SRC", at_least=2)
+    dest = raw_dir / name
+    if dest.exists() or dest.with_name(f"{name}.dvc").exists():
+        raise StageError(f"NAME {name}: {dest} already exists; choose another NAME, or `dvc remove {dest}.dvc` first")
+    if dest.resolve() in Path(src).resolve().parents or Path(src).resolve() == dest.resolve():
+        raise StageError(f"SRC {src}: already inside {dest}")
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    staging = raw_dir / f".{name}.tmp-{os.getpid()}"
+    try:
+        shutil.copytree(src, staging, symlinks=False, ignore=shutil.ignore_patterns(".*"))
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(dest)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)  # nothing half-added stays behind
+        raise StageError(f"dvc add {dest} failed, nothing was added:\n{proc.stdout}{proc.stderr}".rstrip())
+    from dvc.utils.hydra import apply_overrides  # DVC's writer of params.yaml (`dvc exp run -S`)
+
+    apply_overrides(str(params_file), [f"data.source={dest}"])
+    files = sum(1 for p in dest.rglob("*") if p.is_file())
+    log.info("%s -> %s: %d files in %d classes %s, tracked by DVC (%s.dvc); params.yaml data.source = %s",
+             src, dest, files, len(classes), list(classes), dest, dest)  # fmt: skip
+    log.info("to keep it: git add %s.dvc %s/.gitignore %s && git commit -m 'data: %s' && dvc push",
+             dest, raw_dir, params_file, name)  # fmt: skip
+    return dest
+
+
+def _main(params: Params) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tasks.add_data", description=__doc__.splitlines()[0])
+    parser.add_argument("src", type=Path, help="an ImageFolder: SRC/<class>/<image>")
+    parser.add_argument("name", help="the folder name under data/raw/")
+    args = parser.parse_args()
+    run(args.src, args.name)
+
+
+def main() -> None:
+    stage_main("add-data", _main)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Reproducible anywhere: the user's data under DVC, a run committed the DVC way, and a second machine
+that has nothing but the git remote, the DVC remote and a Prefect server.
+
+Machine 1 adds an ImageFolder with `make add-data`, runs, promotes, commits (`make commit-run`) and
+pushes to a bare git repository and a local-directory DVC remote; then swaps one image and runs
+again. Machine 2 is a separate clone with its own empty DVC cache: `git pull` + `dvc pull`, then
+(a) `dvc status` is clean with nothing run, (b) the server serves the promoted baseline, hash-verified,
+(c) regression-flow/nightly, run by a worker in that clone, scores the baseline and passes, and
+(d) checking out the older commit and `dvc pull` restores that commit's shards and model byte for
+byte, and `dvc repro` there is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from flows.artifacts import KEYS
+from tasks.core.params import derive_seed, load_params
+from tasks.images.splits import split_of
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.prefect import Production, free_port, prefect_env
+from tests.helpers.project import ROOT, commit, dvc, env_with_venv, make_project, sh
+
+pytestmark = pytest.mark.slow
+
+
+def make(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    venv = Path(env_with_venv()["PATH"].split(":")[0]).parent
+    command = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", *args]
+    proc = subprocess.run(command, cwd=repo, env=env_with_venv(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"make {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def md5s(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+
+def lock_outs(repo: Path, stage: str) -> dict[str, str]:
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"][stage]
+    return {out["path"]: out["md5"] for out in lock["outs"]}
+
+
+def test_a_second_machine_pulls_serves_checks_and_goes_back_in_time(tmp_path: Path) -> None:
+    origin = tmp_path / "origin.git"
+    sh(["git", "init", "-q", "--bare", "-b", "main", str(origin)], cwd=tmp_path)
+    storage = tmp_path / "dvc-storage"
+    # A one-epoch model is near chance: run 2 (one image swapped) may score a few points either way.
+    loose = [{"metric": "accuracy", "direction": "higher", "abs_tol": 1.0}]
+    one = make_project(tmp_path / "machine1", {"regression": {"rules": loose}})
+    shutil.copytree(ROOT / "scripts", one / "scripts")
+    shutil.copy2(ROOT / "prefect.yaml", one / "prefect.yaml")
+    (one / ".gitignore").write_text((ROOT / ".gitignore").read_text())
+    dvc("remote", "add", "-d", "storage", str(storage), cwd=one)
+    sh(["git", "remote", "add", "origin", str(origin)], cwd=one)
+    commit(one, "the project, a DVC remote")
+
+    # Machine 1: the user's folder as versioned data, a run, a baseline, all committed and pushed.
+    make(one, "add-data", f"SRC={make_imagefolder(tmp_path / 'pets', classes=3, per_class=14)}", "NAME=pets")
+    commit(one, "data: pets")
+    dvc("repro", cwd=one)
+    make(one, "promote")
+    make(one, "commit-run", "MSG=run 1")
+    assert sh(["git", "status", "--porcelain"], cwd=one).stdout == ""  # nothing left to decide about
+    first = {"shards": md5s(one / "data" / "shards"), "model": md5s(one / "models")}
+    first_preprocess = lock_outs(one, "preprocess")
+    sh(["git", "push", "-q", "origin", "HEAD:main"], cwd=one)
+    dvc("push", cwd=one)
+
+    # One training image swapped for another training image: a new data version, a new preprocess hash
+    # (the test split and so the baseline's test set stay as they are), committed as run 2.
+    params = load_params(one / "params.yaml")
+    manifest = json.loads((one / "data" / "shards" / "manifest.json").read_text())
+    swapped = one / "data" / "raw" / "pets" / next(f["path"] for f in manifest["files"] if f["split"] == "train")
+    split_seed, pre = derive_seed(params.seed, "preprocess"), params.preprocess
+    for red in range(256):  # a replacement whose content hash also falls in the train split
+        buffer = io.BytesIO()
+        Image.new("RGB", (40, 40), (red, 10, 10)).save(buffer, format="PNG")
+        if split_of(hashlib.sha256(buffer.getvalue()).hexdigest(), split_seed, pre.val_fraction,
+                    pre.test_fraction) == "train":  # fmt: skip
+            break
+    swapped.write_bytes(buffer.getvalue())
+    dvc("add", "data/raw/pets", cwd=one)
+    dvc("repro", cwd=one)
+    make(one, "commit-run", "MSG=run 2: one image swapped")
+    assert lock_outs(one, "preprocess") != first_preprocess
+    sh(["git", "push", "-q", "origin", "HEAD:main"], cwd=one)
+    dvc("push", cwd=one)
+
+    # Machine 2: its own clone and cache; only the git remote, the DVC remote and Prefect are shared.
+    two = tmp_path / "machine2"
+    sh(["git", "clone", "-q", str(origin), str(two)], cwd=tmp_path)
+    assert not (two / ".dvc" / "cache").exists() and not (two / "models" / "model.pt").exists()  # git only
+    dvc("pull", cwd=two)
+    status = dvc("status", cwd=two).stdout  # (a) nothing to run
+    assert "Data and pipelines are up to date" in status, status
+
+    from serving.app import create_app  # (b) the promoted baseline, hash-verified before it loads
+
+    params = load_params(two / "params.yaml")
+    paths = params.paths.model_copy(update={k: two / v for k, v in params.paths.model_dump().items()})
+    recorded = yaml.safe_load((two / "baseline" / "model.json").read_text())["onnx_sha256"]
+    with TestClient(create_app(params.serve.model_copy(update={"review_dir": tmp_path / "review"}), paths,
+                               load_in_background=False)) as client:  # fmt: skip
+        assert client.get("/ready").json()["model"]["sha256"] == recorded
+        assert client.get("/ready").json()["model"]["source"] == "baseline"
+        image = next((two / "data" / "raw" / "pets" / "class_1").glob("*.png")).read_bytes()
+        assert client.post("/predict", files={"file": ("x.png", image)}).status_code == 200
+
+    env = prefect_env(tmp_path / "prefect-home", free_port())  # (c) the nightly, by a worker in this clone
+    env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PREFECT_SERVER_API_PORT']}/api"
+    production = Production(two, env)
+    try:
+        for step in ("server", "pool", "deploy", "worker"):
+            production.script(step)
+        proc, run = production.run_and_watch("regression-flow/nightly")
+        assert proc.returncode == 0 and run.state.is_completed(), proc.stdout[-3000:] + proc.stderr[-3000:]
+        verdict = production.artifacts(run.id)[KEYS["nightly"]].data
+        assert "Production model vs baseline: PASS" in verdict and f"sha256 `{recorded}` verified" in verdict
+    finally:
+        production.script("stop")
+
+    sh(["git", "checkout", "-q", "HEAD~1"], cwd=two)  # (d) back in time: run 1's bytes
+    dvc("pull", cwd=two)
+    assert md5s(two / "data" / "shards") == first["shards"]
+    assert md5s(two / "models") == first["model"]
+    assert lock_outs(two, "preprocess") == first_preprocess
+    repro = dvc("repro", cwd=two).stdout
+    assert "Running stage" not in repro, repro
+    assert "Data and pipelines are up to date" in dvc("status", cwd=two).stdout
