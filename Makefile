@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity
-.PHONY: serve add-data commit-run
+.PHONY: serve add-data commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
@@ -47,6 +47,17 @@ commit-run: setup
 	git add dvc.yaml dvc.lock params.yaml reports data models $(wildcard baseline)
 	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
 	else git commit -q -m "$(MSG)" && git log --oneline -1; fi
+
+# `dvc push` / `dvc pull` to the default DVC remote, with one clear line when they fail.
+push: setup
+	$(BIN)/python scripts/dvc_sync.py push
+
+pull: setup
+	$(BIN)/python scripts/dvc_sync.py pull
+
+# Does this checkout's last run reproduce the committed one? Names each stage and file that differ.
+check-reproduced: setup
+	$(BIN)/python scripts/lock_diff.py HEAD
 
 # Your ImageFolder as versioned data: copied to data/raw/$(NAME), `dvc add`ed, params.yaml's data.source
 # pointed at it. Then commit the .dvc file (the command prints what to add) and `dvc push`.
