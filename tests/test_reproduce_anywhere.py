@@ -4,7 +4,7 @@ that has nothing but the git remote, the DVC remote and a Prefect server.
 Machine 1 adds an ImageFolder with `make add-data`, runs, promotes, commits (`make commit-run`) and
 pushes to a bare git repository and a local-directory DVC remote; then swaps one image and runs
 again. Machine 2 is a separate clone with its own empty DVC cache: `git pull` + `dvc pull`, then
-(a) `dvc status` is clean with nothing run, (b) the server serves the promoted baseline, hash-verified,
+(a) `dvc status` is clean with nothing run, (b) `make serve` there serves the promoted baseline, hash-verified,
 (c) regression-flow/nightly, run by a worker in that clone, scores the baseline and passes, and
 (d) checking out the older commit and `dvc pull` restores that commit's shards and model byte for
 byte, and `dvc repro` there is a no-op.
@@ -12,17 +12,24 @@ byte, and `dvc repro` there is a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
-from fastapi.testclient import TestClient
+from dvc.utils.hydra import apply_overrides
 from PIL import Image
 
 from flows.artifacts import KEYS
@@ -43,6 +50,33 @@ def make(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@contextmanager
+def served(repo: Path) -> Iterator[str]:
+    """`make serve` in `repo` on a free port of 127.0.0.1, until /ready answers 200; stopped afterwards."""
+    port = free_port()
+    apply_overrides(str(repo / "params.yaml"), [f"serve.port={port}"])  # not a stage param: dvc status stays clean
+    venv = Path(env_with_venv()["PATH"].split(":")[0]).parent
+    command = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", "serve"]
+    proc = subprocess.Popen(command, cwd=repo, env=env_with_venv(), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None, "make serve exited"
+            time.sleep(0.3)
+        else:
+            raise AssertionError("make serve: not ready within 90 s")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        sh(["git", "checkout", "--", "params.yaml"], cwd=repo)
+
+
 def md5s(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
 
@@ -60,6 +94,7 @@ def test_a_second_machine_pulls_serves_checks_and_goes_back_in_time(tmp_path: Pa
     loose = [{"metric": "accuracy", "direction": "higher", "abs_tol": 1.0}]
     one = make_project(tmp_path / "machine1", {"regression": {"rules": loose}})
     shutil.copytree(ROOT / "scripts", one / "scripts")
+    shutil.copytree(ROOT / "serving", one / "serving", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "prefect.yaml", one / "prefect.yaml")
     (one / ".gitignore").write_text((ROOT / ".gitignore").read_text())
     dvc("remote", "add", "-d", "storage", str(storage), cwd=one)
@@ -106,17 +141,12 @@ def test_a_second_machine_pulls_serves_checks_and_goes_back_in_time(tmp_path: Pa
     status = dvc("status", cwd=two).stdout  # (a) nothing to run
     assert "Data and pipelines are up to date" in status, status
 
-    from serving.app import create_app  # (b) the promoted baseline, hash-verified before it loads
-
-    params = load_params(two / "params.yaml")
-    paths = params.paths.model_copy(update={k: two / v for k, v in params.paths.model_dump().items()})
     recorded = yaml.safe_load((two / "baseline" / "model.json").read_text())["onnx_sha256"]
-    with TestClient(create_app(params.serve.model_copy(update={"review_dir": tmp_path / "review"}), paths,
-                               load_in_background=False)) as client:  # fmt: skip
-        assert client.get("/ready").json()["model"]["sha256"] == recorded
-        assert client.get("/ready").json()["model"]["source"] == "baseline"
-        image = next((two / "data" / "raw" / "pets" / "class_1").glob("*.png")).read_bytes()
-        assert client.post("/predict", files={"file": ("x.png", image)}).status_code == 200
+    image = next((two / "data" / "raw" / "pets" / "class_1").glob("*.png")).read_bytes()
+    with served(two) as url:  # (b) `make serve` there: the promoted baseline, hash-verified before it loads
+        ready = httpx.get(f"{url}/ready", timeout=10).json()
+        assert ready["model"]["sha256"] == recorded and ready["model"]["source"] == "baseline"
+        assert httpx.post(f"{url}/predict", files={"file": ("x.png", image)}, timeout=30).status_code == 200
 
     env = prefect_env(tmp_path / "prefect-home", free_port())  # (c) the nightly, by a worker in this clone
     env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PREFECT_SERVER_API_PORT']}/api"
