@@ -37,8 +37,8 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
     dest = raw_dir / name
     if dest.exists() or dest.with_name(f"{name}.dvc").exists():
         raise StageError(f"NAME {name}: {dest} already exists; choose another NAME, or `dvc remove {dest}.dvc` first")
-    if dest.resolve() in Path(src).resolve().parents or Path(src).resolve() == dest.resolve():
-        raise StageError(f"SRC {src}: already inside {dest}")
+    if Path(src).resolve() in dest.resolve().parents:  # the copy would land inside what it copies
+        raise StageError(f"SRC {src}: contains {dest}; bring in a folder outside data/raw/")
     raw_dir.mkdir(parents=True, exist_ok=True)
     staging = raw_dir / f".{name}.tmp-{os.getpid()}"
     try:

@@ -51,6 +51,7 @@ def test_add_data_copies_tracks_and_points_params_at_it(repo: Path, tmp_path: Pa
 
 def test_bad_inputs_get_one_line_and_change_nothing(repo: Path, tmp_path: Path) -> None:
     src = make_imagefolder(tmp_path / "pets", classes=2, per_class=2)
+    make_imagefolder(repo / "data", classes=2, per_class=1)  # an ImageFolder that data/raw/x would be inside
     params = (repo / "params.yaml").read_text()
     cases = {
         ("add-data", "NAME=pets"): "error: SRC is missing",
@@ -58,6 +59,7 @@ def test_bad_inputs_get_one_line_and_change_nothing(repo: Path, tmp_path: Path) 
         ("add-data", f"SRC={tmp_path / 'nope'}", "NAME=x"): f"SRC {tmp_path / 'nope'}: no such folder",
         ("add-data", f"SRC={src / 'class_0'}", "NAME=x"): "found 0 class folder(s), need at least 2",
         ("add-data", f"SRC={src}", "NAME=../up"): "NAME '../up': use letters, digits",
+        ("add-data", f"SRC={repo / 'data'}", "NAME=x"): f"SRC {repo / 'data'}: contains data/raw/x",
     }
     for args, message in cases.items():
         proc = make(repo, *args)
