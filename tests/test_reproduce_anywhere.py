@@ -37,15 +37,15 @@ from tasks.core.params import derive_seed, load_params
 from tasks.images.splits import split_of
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.prefect import Production, free_port, prefect_env
-from tests.helpers.project import ROOT, commit, dvc, env_with_venv, make_project, sh
+from tests.helpers.project import ROOT, commit, dvc, env_with_venv, make_command, make_project, sh
 
 pytestmark = pytest.mark.slow
 
 
 def make(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    venv = Path(env_with_venv()["PATH"].split(":")[0]).parent
-    command = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", *args]
-    proc = subprocess.run(command, cwd=repo, env=env_with_venv(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        make_command(*args), cwd=repo, env=env_with_venv(), capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"make {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -55,9 +55,7 @@ def served(repo: Path) -> Iterator[str]:
     """`make serve` in `repo` on a free port of 127.0.0.1, until /ready answers 200; stopped afterwards."""
     port = free_port()
     apply_overrides(str(repo / "params.yaml"), [f"serve.port={port}"])  # not a stage param: dvc status stays clean
-    venv = Path(env_with_venv()["PATH"].split(":")[0]).parent
-    command = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", "serve"]
-    proc = subprocess.Popen(command, cwd=repo, env=env_with_venv(), start_new_session=True)
+    proc = subprocess.Popen(make_command("serve"), cwd=repo, env=env_with_venv(), start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90

@@ -61,6 +61,13 @@ def run_train(repo: Path, fault: str | None = None, timeout: float = 600) -> sub
                           timeout=timeout)  # fmt: skip
 
 
+def make_command(*args: str) -> list[str]:
+    """`make <args>` with the project's Makefile and this interpreter's venv, for a copy or clone of the
+    project run from its own folder (a test project has no .venv of its own)."""
+    venv = Path(sys.executable).parent.parent
+    return ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", *args]
+
+
 def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, cwd=cwd, env=env_with_venv(), capture_output=True, text=True)
     if check and proc.returncode != 0:

@@ -11,14 +11,13 @@ import pytest
 import yaml
 
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import ROOT, env_with_venv, make_project, sh
+from tests.helpers.project import ROOT, env_with_venv, make_command, make_project, sh
 
 
 def make(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """`make add-data ...` in `repo`, with the Makefile and this venv (the repo copy has neither)."""
-    venv = Path(env_with_venv()["PATH"].split(":")[0]).parent
-    command = ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", *args]
-    return subprocess.run(command, cwd=repo, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(make_command(*args), cwd=repo, env=env_with_venv(), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
 
 
 @pytest.fixture
