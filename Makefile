@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity
-.PHONY: serve add-data commit-run check-reproduced push pull
+.PHONY: serve serve-venv add-data commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
@@ -21,6 +21,18 @@ $(STAMP): requirements.txt constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
 	@touch $(STAMP)
+
+# The serving process's own venv: serving/requirements.txt only (onnxruntime, numpy, pillow, FastAPI),
+# no torch, pyarrow, dvc or prefect. make serve runs from it; the real-server tests start it too.
+SERVE_VENV := .venv-serve
+SERVE_STAMP := $(SERVE_VENV)/.installed
+$(SERVE_STAMP): serving/requirements.txt constraints.txt
+	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SERVE_VENV)/bin/python -m pip install --quiet -r serving/requirements.txt -c constraints.txt
+	@touch $(SERVE_STAMP)
+
+serve-venv: $(SERVE_STAMP)
 
 # A fresh clone (or an unpacked tarball) gets the git and DVC state that `dvc repro` needs.
 setup: $(STAMP)
@@ -32,10 +44,10 @@ run: setup
 	$(BIN)/dvc repro
 	@$(BIN)/python -m tasks.summary
 
-test: setup
+test: setup serve-venv
 	$(BIN)/python -m pytest
 
-test-slow: setup
+test-slow: setup serve-venv
 	$(BIN)/python -m pytest -m slow
 
 # After a run, commit what DVC recorded, as DVC intends: dvc.lock, the .gitignore and .dvc files it
@@ -84,8 +96,8 @@ sanity: setup
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".
-serve: setup
-	$(BIN)/python -m serving
+serve: serve-venv
+	$(SERVE_VENV)/bin/python -m serving
 
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1

@@ -1,12 +1,19 @@
-"""Load test of the serving app on 127.0.0.1 at several concurrencies, vs a bare onnxruntime session.
+"""Load test of the serving app on 127.0.0.1: server configurations side by side, against bare onnxruntime.
 
-    .venv/bin/python bench/bench_serving.py                      # untrained resnet18, 64x64, 10 classes
+    .venv/bin/python bench/bench_serving.py                          # untrained resnet18, 64x64, 10 classes
+    .venv/bin/python bench/bench_serving.py --server-python .venv-serve/bin/python   # the lean serving venv
     .venv/bin/python bench/bench_serving.py --onnx models/model.onnx --export-report reports/export.json
 
-Starts a real uvicorn server (one worker, serve.threads onnxruntime threads), POSTs JPEGs to /predict
-at each concurrency and prints throughput, p50/p95/p99 latency and errors; then the same images
-through one in-process OnnxModel (decode + resize + normalise + run, no HTTP), so the serving
-overhead is a ratio measured in the same run. The client shares the machine's cores with the server.
+For each configuration (`name:streams,threads,max_batch`; default "one stream" = 1,1,1, the server as it
+was before streams and batching, and "default" = params.yaml's serve section) a real uvicorn is
+started: time from process start to /ready 200 and RSS once ready are printed. Then JPEG uploads
+are POSTed to /predict at each concurrency (aiohttp client, in this process: it shares the cores
+with the server), and the server's /metrics give the mean images per onnxruntime call.
+
+Beside them, the same uploads without HTTP, in this process: decode + resize + normalise + run on
+one onnxruntime session, (a) one after another with one thread (the latency floor of one request)
+and (b) from as many threads as the configuration has streams (the throughput floor with the
+same total threads). Every ratio is between numbers of this one run.
 """
 
 from __future__ import annotations
@@ -16,25 +23,31 @@ import asyncio
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import aiohttp
 import numpy as np
 import psutil
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
+from serving.app import stream_count  # noqa: E402
 from tasks.core.io import sha256_file  # noqa: E402
+from tasks.core.params import ServeParams  # noqa: E402
 from tasks.core.paths import Paths  # noqa: E402
 from tasks.images.imaging import PreprocessSpec, load_array  # noqa: E402
-from tasks.release.inference import OnnxModel  # noqa: E402
+from tasks.release.inference import OnnxModel, softmax  # noqa: E402
 from tasks.release.onnx_metadata import write_metadata  # noqa: E402
 from tasks.training.models import build_model  # noqa: E402
 from tasks.training.serialize import export_onnx  # noqa: E402
@@ -46,6 +59,20 @@ from tasks.core.params import Paths, ServeParams
 app = create_app(ServeParams(**json.loads(sys.argv[1])), Paths(**json.loads(sys.argv[2])))
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    streams: int
+    threads: int
+    max_batch: int
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        name, _, numbers = text.partition(":")
+        streams, threads, max_batch = (int(n) for n in numbers.split(","))
+        return cls(name, streams, threads, max_batch)
 
 
 def untrained_model(tmp: Path, size: int) -> tuple[Path, Path]:
@@ -73,48 +100,155 @@ def images(count: int) -> list[bytes]:
     return out
 
 
+BOUNDARY = "bench-boundary-7d3f"
+FORM = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+
+
+def multipart(name: str, data: bytes) -> bytes:
+    """A /predict request body, encoded once up front: the load generator spends its time on sending."""
+    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+    return head.encode() + b"Content-Type: image/jpeg\r\n\r\n" + data + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def summary(seconds: list[float], wall: float, errors: int = 0) -> dict[str, float]:
+    ms = np.array(seconds) * 1000
+    return {"rps": len(seconds) / wall, "p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
+            "p99": float(np.percentile(ms, 99)), "errors": errors}  # fmt: skip
+
+
 async def load(url: str, data: list[bytes], concurrency: int, requests: int) -> dict[str, float]:
+    bodies = [multipart(f"{i}.jpg", item) for i, item in enumerate(data)]
     latencies: list[float] = []
     errors = 0
-    queue = iter(range(requests))
+    queue = iter(range(2 * concurrency))  # a warm-up round first: connections open, the server's pools settle
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal errors
         for i in queue:
             start = time.perf_counter()
             try:
-                response = await client.post(f"{url}/predict", files={"file": (f"{i}.jpg", data[i % len(data)])})
-                ok = response.status_code == 200
-            except httpx.HTTPError:
+                async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=FORM) as response:
+                    await response.read()
+                    ok = response.status == 200
+            except aiohttp.ClientError:
                 ok = False
             latencies.append(time.perf_counter() - start)
             errors += not ok
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        queue, errors = iter(range(requests)), 0
+        latencies.clear()
         start = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    ms = np.array(latencies) * 1000
-    return {"rps": requests / wall, "p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
-            "p99": float(np.percentile(ms, 99)), "errors": errors}  # fmt: skip
+    return summary(latencies, wall, errors)
 
 
-def bare(onnx: Path, data: list[bytes], threads: int, requests: int) -> dict[str, float]:
+async def in_turns(
+    url: str, model: OnnxModel, data: list[bytes], requests: int, block: int = 50
+) -> tuple[float, float]:
+    """p50 ms of one request at a time through the server, and of the same uploads on a bare session in
+    this process, measured in alternating blocks of `block` so that drifts in the machine's load
+    slow both alike (blocks, not single turns: each side keeps its caches warm, as it does alone)."""
+    bodies = [multipart(f"{i}.jpg", item) for i, item in enumerate(data)]
+    server: list[float] = []
+    bare_s: list[float] = []
+    async with aiohttp.ClientSession() as session:
+        for first in range(0, requests, block):
+            for i in range(first, first + block):
+                start = time.perf_counter()
+                async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=FORM) as response:
+                    await response.read()
+                if response.status == 200:
+                    server.append(time.perf_counter() - start)
+            for i in range(first, first + block):
+                start = time.perf_counter()
+                softmax(model.logits(load_array(data[i % len(data)], model.spec)[None]))
+                bare_s.append(time.perf_counter() - start)
+    return float(np.median(server)) * 1000, float(np.median(bare_s)) * 1000
+
+
+def bare(onnx: Path, data: list[bytes], threads: int, parallel: int, requests: int) -> dict[str, float]:
+    """Decode + run per upload on one session, from `parallel` threads at once, no HTTP."""
     model = OnnxModel.load(onnx, threads=threads)
     for item in data[:3]:
         model.logits(load_array(item, model.spec)[None])
-    ms = []
+    latencies: list[float] = []
+    queue = iter(range(requests))
+
+    def worker() -> None:
+        for i in queue:
+            start = time.perf_counter()
+            softmax(model.logits(load_array(data[i % len(data)], model.spec)[None]))
+            latencies.append(time.perf_counter() - start)
+
+    pool = [threading.Thread(target=worker) for _ in range(parallel)]
     start = time.perf_counter()
-    for i in range(requests):
-        t = time.perf_counter()
-        logits = model.logits(load_array(data[i % len(data)], model.spec)[None])[0].astype(np.float64)
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        ms.append((time.perf_counter() - t) * 1000)
-    wall = time.perf_counter() - start
-    return {"rps": requests / wall, "p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)),
-            "p99": float(np.percentile(ms, 99)), "errors": 0}  # fmt: skip
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return summary(latencies, time.perf_counter() - start)
+
+
+def batches(url: str) -> tuple[float, float]:
+    """(calls, images) so far from the server's serve_batch_size histogram."""
+    text = asyncio.run(_get(f"{url}/metrics"))
+    found = {k: float(v) for k, v in re.findall(r"^serve_batch_size_(count|sum) (\S+)$", text, re.M)}
+    return found.get("count", 0.0), found.get("sum", 0.0)
+
+
+async def _get(url: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return await response.text()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_server(args: argparse.Namespace, config: Config, serve: dict, paths: dict, data: list[bytes]) -> dict:
+    port = free_port()
+    serve = {**serve, "streams": config.streams, "threads": config.threads, "max_batch": config.max_batch}
+    env = {**os.environ, "OMP_NUM_THREADS": str(config.threads)}
+    started = time.perf_counter()
+    server = subprocess.Popen([args.server_python, "-c", SERVER, json.dumps(serve), json.dumps(paths), str(port)],
+                              cwd=ROOT, env=env)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                if asyncio.run(_status(f"{url}/ready")) == 200:
+                    break
+            except aiohttp.ClientError:
+                pass
+            if server.poll() is not None or time.perf_counter() - started > 60:
+                raise SystemExit(f"{config.name}: server not ready within 60 s")
+            time.sleep(0.05)
+        ready_s = time.perf_counter() - started
+        rss_ready = psutil.Process(server.pid).memory_info().rss / 2**20
+        solo = OnnxModel.load(paths["onnx"], threads=config.threads)
+        c1_server, c1_bare = asyncio.run(in_turns(url, solo, data, args.requests))
+        levels = {}
+        for c in args.concurrency:
+            calls, images_before = batches(url)
+            levels[c] = asyncio.run(load(url, data, c, args.requests))
+            calls_after, images_after = batches(url)
+            levels[c]["batch"] = (images_after - images_before) / max(1.0, calls_after - calls)
+        rss = psutil.Process(server.pid).memory_info().rss / 2**20
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    return {"levels": levels, "ready_s": ready_s, "rss_ready": rss_ready, "rss": rss, "c1": (c1_server, c1_bare)}
+
+
+async def _status(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+        return r.status
 
 
 def main() -> None:
@@ -123,52 +257,55 @@ def main() -> None:
     parser.add_argument("--export-report", type=Path, help="the export.json holding --onnx's onnx_sha256")
     parser.add_argument("--size", type=int, default=64, help="input size when no --onnx is given")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--requests", type=int, default=300, help="requests per concurrency level")
-    parser.add_argument("--threads", type=int, default=1, help="onnxruntime threads (server and bare)")
+    parser.add_argument("--requests", type=int, default=400, help="requests per concurrency level")
+    parser.add_argument("--server-python", default=sys.executable, help="the interpreter that runs the server")
+    serve = ServeParams()
+    default = Config("default", stream_count(serve), serve.threads, serve.max_batch)
+    parser.add_argument("--config", type=Config.parse, nargs="+", metavar="NAME:STREAMS,THREADS,MAX_BATCH",
+                        default=[Config("one stream", 1, 1, 1), default])  # fmt: skip
     args = parser.parse_args()
     data = images(50)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         onnx, report = (args.onnx, args.export_report) if args.onnx else untrained_model(tmp, args.size)
         # low_confidence 0: an untrained model is unsure of everything, and the review folder is not under test.
-        serve = {"threads": args.threads, "low_confidence": 0.0, "review_dir": str(tmp / "review"),
-                 "max_body_bytes": 10 * 2**20}  # fmt: skip
+        serve = {"low_confidence": 0.0, "review_dir": str(tmp / "review"), "max_body_bytes": 10 * 2**20}
         paths = {"onnx": str(onnx), "reports": str(report.parent), "baseline": str(tmp / "no-baseline")}
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        server = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(serve), json.dumps(paths), str(port)],
-                                  env=env)  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(300):
-                try:
-                    if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            else:
-                raise SystemExit("server not ready within 60 s")
-            rss_ready = psutil.Process(server.pid).memory_info().rss / 2**20
-            print(f"model {onnx.name}, {args.requests} requests per level, onnxruntime threads {args.threads}, "
-                  f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-            results = {f"server c={c}": asyncio.run(load(url, data, c, args.requests)) for c in args.concurrency}
-            results["bare onnxruntime, 1 process"] = bare(onnx, data, args.threads, args.requests)
-            rss = psutil.Process(server.pid).memory_info().rss / 2**20
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
-    base = results["bare onnxruntime, 1 process"]
-    print(f"{'':28} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'bare/this rps':>14}")
-    for name, r in results.items():
-        print(f"{name:28} {r['rps']:8.1f} {r['p50']:8.2f} {r['p95']:8.2f} {r['p99']:8.2f} {r['errors']:6d} "
-              f"{base['rps'] / r['rps']:14.2f}")  # fmt: skip
-    c1 = results.get("server c=1")
-    if c1:
-        print(f"serving overhead at concurrency 1: p50 {c1['p50'] / base['p50']:.2f}x the bare session's")
-    print(f"server RSS: {rss_ready:.0f} MiB when ready, {rss:.0f} MiB after the run")
+        print(f"model {onnx.name}, {args.requests} requests per level, {os.cpu_count()} cores, server python "
+              f"{args.server_python}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+        servers = {config: run_server(args, config, serve, paths, data) for config in args.config}
+        floor = bare(onnx, data, 1, 1, args.requests)
+        same = {(n, t): bare(onnx, data, t, n, args.requests) for n, t in {(c.streams, c.threads) for c in args.config}}
+    header = f"{'':34} {'req/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} {'img/call':>8}"
+    print(header)
+    for config, result in servers.items():
+        for c, r in result["levels"].items():
+            name = f"{config.name} ({config.streams}x{config.threads}t, batch<={config.max_batch}) c={c}"
+            print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {r['errors']:6d} "
+                  f"{r['batch']:8.2f}")  # fmt: skip
+    rows = {"bare, 1 thread, one at a time": floor}
+    rows |= {f"bare, {n} calls at once x {t}t": r for (n, t), r in same.items() if (n, t) != (1, 1)}
+    for name, r in rows.items():
+        print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {0:6d} {1:8.2f}")
+    print()
+    first, *rest = servers
+    for config in servers:
+        result = servers[config]
+        line = f"{config.name}: ready {result['ready_s']:.2f} s after start, RSS {result['rss_ready']:.0f} MiB ready, "
+        line += f"{result['rss']:.0f} MiB after the run"
+        c1_server, c1_bare = result["c1"]
+        line += (f"; one at a time, in turns with a bare session ({config.threads}t): p50 {c1_server:.2f} vs "
+                 f"{c1_bare:.2f} ms, {c1_server / c1_bare:.2f}x")  # fmt: skip
+        print(line)
+        levels = result["levels"]
+        for c in levels:
+            bare_same = (
+                floor if (config.streams, config.threads) == (1, 1) else same[(config.streams, config.threads)]
+            )["rps"]
+            ratio = f"c={c}: {levels[c]['rps'] / bare_same:.2f}x bare with the same threads"
+            if config in rest:
+                ratio += f", {levels[c]['rps'] / servers[first]['levels'][c]['rps']:.2f}x '{first.name}'"
+            print(f"  {ratio}")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ from prefect.states import Failed, State
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
-from tasks.release.inference import ModelIntegrityError, score_split
+from tasks.release.inference import ModelIntegrityError
 from tasks.release.production import ProductionModel, ProductionModelError, load_baseline, promoted_model
+from tasks.release.scoring import score_split
 from tasks.release.verdict import compare, format_table
 
 

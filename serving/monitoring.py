@@ -24,6 +24,7 @@ from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
 log = logging.getLogger("serving")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _PROB_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -46,6 +47,11 @@ class Metrics:
         self.review_skipped = Counter("serve_review_skipped", "low-confidence inputs not saved", ["why"], registry=r)
         self.ready = Gauge("serve_ready", "1 once the model is loaded and warm", registry=r)
         self.model = Gauge("serve_model_info", "the served model", ["sha256", "source"], registry=r)
+        self.streams = Gauge("serve_streams", "inference streams (calls that run at once)", registry=r)
+        self.streams_busy = Gauge("serve_streams_busy", "streams running a call now", registry=r)
+        self.queue_depth = Gauge("serve_queue_depth", "images waiting for a free stream", registry=r)
+        self.batch_size = Histogram("serve_batch_size", "uploads per inference call (dynamic batching)",
+                                    buckets=_BATCH_BUCKETS, registry=r)  # fmt: skip
 
 
 def image_suffix(data: bytes) -> str | None:

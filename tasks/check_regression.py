@@ -20,9 +20,9 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, read_json, write_json
 from tasks.core.params import Params, RegressionParams
 from tasks.core.paths import BASELINE_METRICS
-from tasks.release.inference import score_split
 from tasks.release.parity import Check
 from tasks.release.production import load_baseline, load_verified_model
+from tasks.release.scoring import score_split
 from tasks.release.verdict import Verdict, compare, format_table
 
 log = logging.getLogger(__name__)

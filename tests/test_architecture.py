@@ -3,6 +3,8 @@
 - tasks/images/ and tasks/release/ never import torch or torchvision, directly or through another tasks
   module: preprocessing, the regression gate and serving run without the training stack;
 - tasks/release/ never imports tasks/training/;
+- serving/ never imports torch, torchvision, pyarrow, dvc or prefect, directly or through tasks/: the
+  server runs from its own venv (serving/requirements.txt), which has none of them;
 - tasks/core/ imports no other part of tasks/;
 - nothing under tasks/ imports flows/ or serving/ (the stages know nothing of their orchestrators);
 - no test module imports another test module (shared code lives in tests/helpers/ and conftest.py).
@@ -21,6 +23,7 @@ import pytest
 from tests.helpers.project import ROOT
 
 TORCH = ("torch", "torchvision")
+TRAINING_STACK = (*TORCH, "pyarrow", "dvc", "prefect")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -69,6 +72,10 @@ def violations(package: str, forbidden: tuple[str, ...], root: Path = ROOT) -> l
 @pytest.mark.parametrize("package", ["tasks/images", "tasks/release"])
 def test_image_and_release_code_never_imports_torch(package: str) -> None:
     assert violations(package, TORCH) == []
+
+
+def test_serving_never_imports_the_training_stack() -> None:
+    assert violations("serving", TRAINING_STACK) == []
 
 
 def test_release_never_imports_training() -> None:

@@ -257,7 +257,20 @@ class ServeParams(Section):
     host: str = Field("127.0.0.1", description="address uvicorn binds")
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1, description="uvicorn worker processes, each with its own onnxruntime session")
-    threads: int = Field(1, ge=1, description="onnxruntime intra-op threads per worker; workers x threads <= cores")
+    streams: int = Field(
+        0,
+        ge=0,
+        description="inference runs at once per worker, each on its own thread; 0 = cores / (workers x threads)",
+    )
+    threads: int = Field(
+        1, ge=1, description="onnxruntime intra-op threads per stream; workers x streams x threads <= cores"
+    )
+    max_batch: int = Field(
+        8,
+        ge=1,
+        description="while every stream is busy, up to this many waiting images go into one call; 1 = no batching",
+    )
+    max_queue: int = Field(256, ge=1, description="images waiting for a stream; more get 503 overloaded")
     max_body_bytes: int = Field(10 * 2**20, ge=1024, description="larger request bodies get 413, counted while reading")
     max_batch_files: int = Field(32, ge=1, description="images per /predict/batch request; more get 413")
     max_pixels: int = Field(40_000_000, ge=1, description="more pixels in the header: 413 before decoding")

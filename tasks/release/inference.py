@@ -14,15 +14,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from pydantic import ValidationError
 
-from tasks.core.metrics import classification_metrics
 from tasks.images.imaging import PreprocessSpec, load_array, normalize_array
-from tasks.images.shards import ShardSplit, load_manifest
 
 SPEC_KEY = "preprocess_spec"
 CLASS_NAMES_KEY = "class_names"
@@ -139,26 +136,6 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 def ranked(probs: np.ndarray) -> np.ndarray:
     """The class indices of one row of probabilities, most likely first (ties: lower index first)."""
     return np.argsort(-probs, kind="stable")
-
-
-def split_sha256(shard_dir: Path, split: str = "test") -> str:
-    """The identity of a split: a hash of its images' content hashes (not labels) from the manifest.
-
-    For the test split this is the manifest's frozen `test_set.sha256` (same recipe).
-    """
-    manifest = load_manifest(shard_dir)
-    if split == "test" and "sha256" in manifest.get("test_set", {}):
-        return manifest["test_set"]["sha256"]
-    digests = sorted(entry["sha256"] for entry in manifest["files"] if entry["split"] == split)
-    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
-
-
-def score_split(model: OnnxModel, shard_dir: Path, split: str = "test", batch_size: int = 256) -> dict[str, Any]:
-    """The model's classification metrics on one split (metrics.json's keys) plus the split's identity."""
-    data = ShardSplit.open(shard_dir, split)
-    data.require_classes(model.class_names, model.path)
-    metrics = classification_metrics(model.logits(data.all_images(), batch_size), data.labels, model.class_names)
-    return {**metrics, "test_set_sha256": split_sha256(shard_dir, split)}
 
 
 def median_latency_ms(runners: Mapping[str, Callable[[], object]], repeats: int, warmup: int = 3) -> dict[str, float]:

@@ -1,10 +1,11 @@
-"""A tiny served model's params and paths, and a real uvicorn on 127.0.0.1 for the serving tests."""
+"""A tiny served model's params and paths, and a real uvicorn on 127.0.0.1, run by the serving venv's own
+Python, for the serving tests."""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ import psutil
 
 from tasks.core.params import Params, Paths, ServeParams
 from tests.helpers.prefect import free_port
-from tests.helpers.project import TINY, deep_update
+from tests.helpers.project import ROOT, TINY, deep_update
 
 PARAMS = Params.model_validate(deep_update(TINY, {"export": {"formats": ["onnx"]}}))
 
@@ -37,13 +38,24 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
 """
 
 
+@functools.cache
+def serve_python() -> Path:
+    """The interpreter of the serving venv (make serve-venv: serving/requirements.txt only, no torch),
+    built when missing; `make test` builds it before pytest starts."""
+    make = subprocess.run(["make", "--no-print-directory", "serve-venv"], cwd=ROOT, capture_output=True, text=True)
+    assert make.returncode == 0, make.stdout + make.stderr
+    return ROOT / ".venv-serve" / "bin" / "python"
+
+
 @contextmanager
-def running_server(project: Path, review_dir: Path) -> Iterator[tuple[str, psutil.Process]]:
-    """A real uvicorn serving the project's model on a free port of 127.0.0.1, once /ready says 200."""
+def running_server(project: Path, review_dir: Path, **serve: object) -> Iterator[tuple[str, psutil.Process]]:
+    """A real uvicorn from the serving venv, serving the project's model on a free port of 127.0.0.1,
+    once /ready says 200. `serve`: fields of SERVE to change."""
     port = free_port()
-    serve = SERVE.model_copy(update={"review_dir": review_dir}).model_dump(mode="json")
+    settings = SERVE.model_copy(update={"review_dir": review_dir, **serve}).model_dump(mode="json")
     paths = paths_of(project).model_dump(mode="json")
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(serve), json.dumps(paths), str(port)])
+    command = [str(serve_python()), "-c", SERVER, json.dumps(settings), json.dumps(paths), str(port)]
+    proc = subprocess.Popen(command, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

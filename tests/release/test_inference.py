@@ -19,8 +19,9 @@ from tasks import preprocess
 from tasks.core.io import read_json, sha256_file
 from tasks.images.imaging import ImageError, PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
-from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel, score_split, split_sha256
+from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
 from tasks.release.onnx_metadata import write_metadata
+from tasks.release.scoring import score_split, split_sha256
 from tasks.training.dataset import ShardDataset
 from tasks.training.models import build_model, load_model_file, normalize, predict_logits, save_model_file
 from tests.helpers.export import PARAMS, export_model
