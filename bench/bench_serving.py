@@ -185,12 +185,14 @@ def bare(onnx: Path, data: list[bytes], threads: int, parallel: int, requests: i
             latencies.append(time.perf_counter() - start)
 
     pool = [threading.Thread(target=worker) for _ in range(parallel)]
-    start = time.perf_counter()
+    me = psutil.Process()
+    cpu, start = sum(me.cpu_times()[:2]), time.perf_counter()
     for thread in pool:
         thread.start()
     for thread in pool:
         thread.join()
-    return summary(latencies, time.perf_counter() - start)
+    result = summary(latencies, time.perf_counter() - start)
+    return result | {"cpu_ms": (sum(me.cpu_times()[:2]) - cpu) * 1000 / requests}
 
 
 def batches(url: str) -> tuple[float, float]:
@@ -234,9 +236,14 @@ def run_server(args: argparse.Namespace, config: Config, serve: dict, paths: dic
         solo = OnnxModel.load(paths["onnx"], threads=config.threads)
         c1_server, c1_bare = asyncio.run(in_turns(url, solo, data, args.requests))
         levels = {}
+        proc, me = psutil.Process(server.pid), psutil.Process()
+        cpu = lambda p: sum(p.cpu_times()[:2])  # noqa: E731 - user + system seconds
         for c in args.concurrency:
             calls, images_before = batches(url)
+            server_cpu, client_cpu = cpu(proc), cpu(me)
             levels[c] = asyncio.run(load(url, data, c, args.requests))
+            levels[c]["server_cpu_ms"] = (cpu(proc) - server_cpu) * 1000 / args.requests
+            levels[c]["client_cpu_ms"] = (cpu(me) - client_cpu) * 1000 / args.requests
             calls_after, images_after = batches(url)
             levels[c]["batch"] = (images_after - images_before) / max(1.0, calls_after - calls)
         rss = psutil.Process(server.pid).memory_info().rss / 2**20
@@ -276,17 +283,19 @@ def main() -> None:
         servers = {config: run_server(args, config, serve, paths, data) for config in args.config}
         floor = bare(onnx, data, 1, 1, args.requests)
         same = {(n, t): bare(onnx, data, t, n, args.requests) for n, t in {(c.streams, c.threads) for c in args.config}}
-    header = f"{'':34} {'req/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} {'img/call':>8}"
+    header = f"{'':34} {'req/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} {'img/call':>8} "
+    header += "CPU ms/request: server client"
     print(header)
     for config, result in servers.items():
         for c, r in result["levels"].items():
             name = f"{config.name} ({config.streams}x{config.threads}t, batch<={config.max_batch}) c={c}"
             print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {r['errors']:6d} "
-                  f"{r['batch']:8.2f}")  # fmt: skip
+                  f"{r['batch']:8.2f} {r['server_cpu_ms']:21.2f} {r['client_cpu_ms']:6.2f}")  # fmt: skip
     rows = {"bare, 1 thread, one at a time": floor}
     rows |= {f"bare, {n} calls at once x {t}t": r for (n, t), r in same.items() if (n, t) != (1, 1)}
     for name, r in rows.items():
-        print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {0:6d} {1:8.2f}")
+        print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {0:6d} {1:8.2f} "
+              f"{r['cpu_ms']:21.2f}")  # fmt: skip
     print()
     first, *rest = servers
     for config in servers:
@@ -298,7 +307,7 @@ def main() -> None:
                  f"{c1_bare:.2f} ms, {c1_server / c1_bare:.2f}x")  # fmt: skip
         print(line)
         levels = result["levels"]
-        for c in levels:
+        for c in [c for c in levels if c >= config.streams]:
             bare_same = (
                 floor if (config.streams, config.threads) == (1, 1) else same[(config.streams, config.threads)]
             )["rps"]
