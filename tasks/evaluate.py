@@ -1,17 +1,28 @@
-"""Stage evaluate: model.pt + test shards -> metrics.json (DVC metrics), confusion plot (JSON + PNG)."""
+"""Stage evaluate: model.pt + shards -> metrics.json (DVC metrics), the confusion plot (JSON + PNG), and the
+error analysis: the test images with the highest loss (errors_gallery.png), precision and recall per class
+(per_class.png), and every accepted image of every split ranked by its loss under its given label
+(label_errors.json: the likely label errors, with the file each came from)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from tasks.core.analysis import highest_loss, image_losses, label_error_ranking, log_softmax
 from tasks.core.cli import stage_main
 from tasks.core.io import write_json
 from tasks.core.metrics import classification_metrics, confusion_matrix
 from tasks.core.params import EvaluateParams, Params
-from tasks.core.plots import plot_confusion
-from tasks.images.shards import ShardSplit
+from tasks.core.paths import Paths
+from tasks.core.plots import plot_confusion, plot_image_grid, plot_per_class
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import SPLITS, ShardSplit, load_manifest
+from tasks.images.validation import SOURCE, TEST_SOURCE
 from tasks.training.models import load_model_file, predict_logits
 
 log = logging.getLogger(__name__)
@@ -32,26 +43,64 @@ def run(
     metrics_path: Path,
     confusion_json: Path,
     confusion_png: Path,
+    roots: dict[str, str] | None = None,
 ) -> EvaluateResult:
+    """`roots`: the folder each manifest root was read from (data.source, data.test_source), so that
+    label_errors.json names files a user can open; the error-analysis files go beside metrics_path."""
+    names = Paths(reports=metrics_path.parent)
     model, spec, _ = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
     logits = predict_logits(model, test.all_images(), spec, params.batch_size)
     metrics = classification_metrics(logits, test.labels, spec.class_names)
     predicted = logits.argmax(axis=1)
-    names = spec.class_names
+    class_names = spec.class_names
     write_json(metrics_path, metrics)
     write_json(
         confusion_json,
         [
-            {"actual": names[a], "predicted": names[p]}
+            {"actual": class_names[a], "predicted": class_names[p]}
             for a, p in zip(test.labels.tolist(), predicted.tolist(), strict=True)
         ],
     )
-    plot_confusion(confusion_matrix(test.labels, predicted, len(names)), names, confusion_png)
+    plot_confusion(confusion_matrix(test.labels, predicted, len(class_names)), class_names, confusion_png)
+    plot_per_class(metrics["per_class"], names.per_class_png)
+    _gallery(test, logits, class_names, params.gallery_images, names.errors_gallery)
+    _label_errors(model, spec, shard_dir, {"test": logits}, params, roots, names.label_errors)
     log.info("test accuracy %.4f, macro F1 %.4f on %d images -> %s",
              metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"], metrics_path)  # fmt: skip
     return EvaluateResult(metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"])
+
+
+def _gallery(test: ShardSplit, logits: np.ndarray, class_names: Sequence[str], count: int, path: Path) -> None:
+    """The test images the model gets most wrong: image, true class, predicted class and its probability."""
+    probs = np.exp(log_softmax(logits))
+    worst = highest_loss(image_losses(logits, test.labels), count)
+    captions = [
+        f"true {class_names[test.labels[i]]}\npred {class_names[probs[i].argmax()]} {probs[i].max():.2f}"
+        for i in worst.tolist()
+    ]
+    plot_image_grid(test.take(worst), captions, path, f"the {len(worst)} test images with the highest loss", columns=4)
+
+
+def _label_errors(
+    model: torch.nn.Module, spec: PreprocessSpec, shard_dir: Path, scored: dict[str, np.ndarray],
+    params: EvaluateParams, roots: dict[str, str] | None, path: Path,
+) -> None:  # fmt: skip
+    """Every accepted image of every split under the final model, ranked by the loss of its given label."""
+    entries = sorted(load_manifest(shard_dir)["files"], key=lambda e: (SPLITS.index(e["split"]), e["index"]))
+    blocks = []
+    for split in SPLITS:
+        if split not in scored:
+            scored[split] = predict_logits(
+                model, ShardSplit.open(shard_dir, split).all_images(), spec, params.batch_size
+            )
+        blocks.append(scored[split])
+    roots = roots or {root: root for root in {entry["root"] for entry in entries}}
+    ranking = label_error_ranking(np.concatenate(blocks), entries, spec.class_names, roots, params.label_errors)
+    write_json(path, {"rule": "every accepted image ranked by the final model's loss on its given label, highest "
+                              "first: the top ones are the likely label errors", "images_scored": len(entries),
+                      "likely_label_errors": ranking})  # fmt: skip
 
 
 def _main(p: Params) -> None:
@@ -62,6 +111,7 @@ def _main(p: Params) -> None:
         metrics_path=p.paths.metrics,
         confusion_json=p.paths.confusion_json,
         confusion_png=p.paths.confusion_png,
+        roots={SOURCE: str(p.data.source), TEST_SOURCE: str(p.data.test_source)},
     )
 
 

@@ -28,6 +28,7 @@ from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit, load_manifest
 from tasks.training import distributed
 from tasks.training.augment import Augment
+from tasks.training.batches import first_batch, write_batch_grids
 from tasks.training.checkpoint import Checkpointer, RunIdentity, load_init_weights, prune_runs, run_identity
 from tasks.training.dataset import ShardDataset
 from tasks.training.hooks import Hooks, hooks_from_env
@@ -63,6 +64,8 @@ class Outputs:
     history: Path
     plot: Path
     run_meta: Path
+    train_batch: Path  # grids of what the model sees (tasks/training/batches.py)
+    val_batch: Path
     runs: Path  # TensorBoard logs and profile: <runs>/train/<run>
     checkpoints: Path  # <checkpoints>/<run>/last.pt, best.pt
 
@@ -108,8 +111,10 @@ def run(
     run_meta_path: Path | None = None,
     hooks: Hooks | None = None,
 ) -> TrainResult:
+    names = Paths()
     outputs = Outputs(
-        shard_dir, model_path, history_path, plot_path, run_meta_path or history_path.with_name(Paths().train_run.name),
+        shard_dir, model_path, history_path, plot_path, run_meta_path or history_path.with_name(names.train_run.name),
+        history_path.with_name(names.train_batch_png.name), history_path.with_name(names.val_batch_png.name),
         runs_dir, checkpoint_dir or runs_dir / "checkpoints",
     )  # fmt: skip
     world = distributed.world_from_env()
@@ -143,6 +148,7 @@ def _train(
     for reason in recipe.reasons():
         log.info("  %s", reason)
     data = _setup_data(params, train_set, out.shard_dir, seed, world, device)
+    epoch_one = data.generator.get_state()  # before a resume moves it: the grid shows the first batch
     model = _setup_model(params, len(spec.class_names), world, device)
     precision = resolve_precision(params.precision, device)
     identity = run_identity(params, seed=seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
@@ -159,6 +165,11 @@ def _train(
     purge = payload["progress"]["step"] + 1 if payload else None  # TensorBoard drops the steps redone
     telemetry = Telemetry(run_dir, enabled=world.is_main, histogram_every=params.histogram_every_steps,
                           purge_step=purge)  # fmt: skip
+    if world.is_main:
+        write_batch_grids(train=first_batch(data.train_set, params.batch_size, epoch_one),
+                          val=(data.val_images, data.val_labels), class_names=spec.class_names,
+                          augment=params.augment, train_png=out.train_batch, val_png=out.val_batch,
+                          telemetry=telemetry)  # fmt: skip
     runner = StepRunner(
         model=model.wrapped, ddp=model.ddp, optimizer=optimizer, schedule=schedule, precision=precision,
         params=params, spec=spec, device=device, world=world, telemetry=telemetry, hooks=hooks,

@@ -88,6 +88,18 @@ class PreprocessParams(Section):
         return self
 
 
+class ColorJitterParams(Section):
+    """Per-sample colour factors drawn uniformly from [max(0, 1 - x), 1 + x]; 0 leaves that property alone."""
+
+    brightness: float = Field(0.0, ge=0, description="pixel values x a factor")
+    contrast: float = Field(0.0, ge=0, description="blend with the image's mean grey level")
+    saturation: float = Field(0.0, ge=0, description="blend with the pixel's grey level")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.brightness or self.contrast or self.saturation)
+
+
 class AugmentParams(Section):
     hflip: bool = Field(True, description="flip horizontally with probability 0.5")
     crop: Literal["pad", "random_resized", "none"] = Field(
@@ -100,6 +112,7 @@ class AugmentParams(Section):
     ratio: tuple[float, float] = Field(
         (0.75, 1.3333333), description="crop: random_resized - the crop's aspect ratio (width / height), min and max"
     )
+    color_jitter: ColorJitterParams = ColorJitterParams()
 
     @model_validator(mode="after")
     def _ranges(self) -> AugmentParams:
@@ -198,6 +211,10 @@ class SanityParams(Section):
 
 class EvaluateParams(Section):
     batch_size: int = Field(256, ge=1)
+    gallery_images: int = Field(16, ge=1, description="test images with the highest loss in errors_gallery.png")
+    label_errors: int = Field(
+        100, ge=0, description="length of label_errors.json: every accepted image ranked by its loss, highest first"
+    )
 
 
 class Int8Params(Section):

@@ -45,6 +45,14 @@ class Paths(BaseModel):
         return self.reports / "train_curves.png"
 
     @property
+    def train_batch_png(self) -> Path:
+        return self.reports / "train_batch.png"  # the first training batch as the model gets it (augmented)
+
+    @property
+    def val_batch_png(self) -> Path:
+        return self.reports / "val_batch.png"  # validation images as the model gets them (no augmentation)
+
+    @property
     def train_run(self) -> Path:
         return self.reports / "train_run.json"  # what the run did: recipe, precision, steps, coverage
 
@@ -59,6 +67,18 @@ class Paths(BaseModel):
     @property
     def confusion_png(self) -> Path:
         return self.reports / "confusion.png"
+
+    @property
+    def errors_gallery(self) -> Path:
+        return self.reports / "errors_gallery.png"  # evaluate: the test images with the highest loss
+
+    @property
+    def per_class_png(self) -> Path:
+        return self.reports / "per_class.png"  # evaluate: precision and recall per class
+
+    @property
+    def label_errors(self) -> Path:
+        return self.reports / "label_errors.json"  # evaluate: likely label errors over every accepted image
 
     @property
     def export_report(self) -> Path:

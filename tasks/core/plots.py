@@ -57,3 +57,33 @@ def plot_confusion(matrix: np.ndarray, class_names: Sequence[str], path: Path) -
                     ax.text(j, i, int(matrix[i, j]), ha="center", va="center", fontsize=7, color=color)
     fig.tight_layout()
     _save(fig, path)
+
+
+def plot_image_grid(images: np.ndarray, captions: Sequence[str], path: Path, title: str, columns: int = 8) -> None:
+    """uint8 (N, 3, H, W) images in a grid, each with its caption (class names, predictions)."""
+    rows = max(1, -(-len(images) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(1.5 * columns, 1.75 * rows + 0.5), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if k < len(images):
+            ax.imshow(np.transpose(images[k], (1, 2, 0)), interpolation="nearest")
+            ax.set_title(captions[k], fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_per_class(per_class: dict[str, dict[str, float]], path: Path) -> None:
+    """Precision and recall of each class, side by side (metrics.json's per_class, test split)."""
+    names = list(per_class)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(2.0 + 0.55 * len(names), 3.8))
+    for offset, key in ((-0.2, "precision"), (0.2, "recall")):
+        bars = ax.bar(x + offset, [per_class[n][key] for n in names], width=0.4, label=key)
+        ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
+    ax.set_xticks(x, names, rotation=45, ha="right")
+    ax.set(ylim=(0, 1.08), ylabel="score", title="per-class precision and recall (test)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, path)

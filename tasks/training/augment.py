@@ -47,11 +47,16 @@ def uniforms(keys: list[tuple[int, ...]], count: int) -> np.ndarray:
     return (z >> np.uint64(11)).astype(np.float64) / 2.0**53
 
 
+_JITTER = 0xC0102  # appended to a sample's key: colour jitter draws from a stream of its own
+_GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
+
+
 class Augment:
-    """Random crop (reflect-pad-and-crop, or random-resized-crop) and horizontal flip, per sample.
+    """Random crop (reflect-pad-and-crop, or random-resized-crop), horizontal flip and colour jitter, per sample.
 
     Draw 0 decides the flip; pad mode uses draws 1-2 for the offsets; random_resized uses draws
-    1-40 for up to ten (area, ratio, top, left) attempts.
+    1-40 for up to ten (area, ratio, top, left) attempts. Colour jitter draws its three factors
+    from the key extended by a constant, so turning it on leaves the crops and flips as they were.
     """
 
     def __init__(self, params: AugmentParams) -> None:
@@ -78,6 +83,31 @@ class Augment:
         if flips.any():  # row k of [out; flipped out] is k or k + N: one block copy, no masked select
             choice = torch.from_numpy(np.arange(len(out)) + len(out) * flips)
             out = torch.cat([out, out.flip(-1)]).index_select(0, choice)
+        if p.color_jitter.enabled:
+            out = self._jitter(out, uniforms([(*key, _JITTER) for key in keys], 3))
+        return out
+
+    def _jitter(self, images: torch.Tensor, u: np.ndarray) -> torch.Tensor:
+        """Brightness, then contrast, then saturation, each factor uniform in [max(0, 1 - x), 1 + x], as
+        torchvision's ColorJitter defines them; computed in float32, clamped after each step, rounded
+        to uint8 once at the end. One sample at a time, so a sample's result never depends on its batch."""
+        jitter = self.params.color_jitter
+        spans = np.array([jitter.brightness, jitter.contrast, jitter.saturation])
+        low = np.maximum(0.0, 1.0 - spans)
+        factors = low + u * (1.0 + spans - low)  # (N, 3)
+        grey = torch.tensor(_GREY, dtype=torch.float32).view(3, 1, 1)
+        out = torch.empty_like(images)
+        for k, (bright, contrast, saturation) in enumerate(factors.tolist()):
+            x = images[k].to(torch.float32)
+            if jitter.brightness:
+                x = (x * bright).clamp_(0, 255)
+            if jitter.contrast:
+                mean = (x * grey).sum(0).mean()
+                x = (x * contrast + mean * (1 - contrast)).clamp_(0, 255)
+            if jitter.saturation:
+                luma = (x * grey).sum(0, keepdim=True)
+                x = (x * saturation + luma * (1 - saturation)).clamp_(0, 255)
+            out[k] = x.round_().to(torch.uint8)
         return out
 
     @staticmethod

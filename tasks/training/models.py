@@ -63,6 +63,7 @@ def load_model_file(path: Path) -> tuple[torch.nn.Module, PreprocessSpec, dict[s
 
 
 @torch.no_grad()
+@torch.inference_mode()
 def predict_logits(
     model: torch.nn.Module, images: np.ndarray, spec: PreprocessSpec, batch_size: int = 256
 ) -> np.ndarray:

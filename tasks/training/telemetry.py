@@ -54,6 +54,11 @@ class Telemetry:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
+    def image(self, tag: str, image: torch.Tensor, step: int = 0) -> None:
+        """One uint8 (3, H, W) image (a grid of a batch) under TensorBoard's Images tab."""
+        if self.writer is not None:
+            self.writer.add_image(tag, image, step, dataformats="CHW")
+
     def count(self, tag: str, value: float, step: int) -> None:
         if self.writer is not None:
             self.writer.add_scalar(tag, value, step)

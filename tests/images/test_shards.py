@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision.transforms.v2.functional as TF
 from torch.utils.data import DataLoader, DistributedSampler
 
 from tasks import preprocess
@@ -27,7 +28,9 @@ MODES = [
     AugmentParams(crop="random_resized", scale=(0.3, 1.0)),
     AugmentParams(crop="none", hflip=True),
     AugmentParams(crop="pad", crop_padding=7, hflip=False),
+    AugmentParams(crop="random_resized", color_jitter={"brightness": 0.4, "contrast": 0.4, "saturation": 0.4}),
 ]
+JITTER = {"brightness": 0.5, "contrast": 0.3, "saturation": 0.8}
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +83,29 @@ def test_distributed_sampler_ranks_see_the_same_samples(shards: Path) -> None:
         assert all(torch.equal(images[k], reference[i]) for k, i in enumerate(order))
         seen += order
     assert set(seen) == set(range(len(data)))
+
+
+def test_colour_jitter_is_torchvisions_and_leaves_crops_and_flips_alone() -> None:
+    rng = np.random.default_rng(3)
+    images = torch.from_numpy(rng.integers(0, 256, (24, 3, 12, 12), dtype=np.uint8))
+    keys = [(7, 2, i) for i in range(24)]
+    plain = Augment(AugmentParams(crop="pad", crop_padding=3)).batch(images, keys)
+    jittered = Augment(AugmentParams(crop="pad", crop_padding=3, color_jitter=JITTER)).batch(images, keys)
+    assert (jittered != plain).float().mean() > 0.5  # it does something, to nearly every pixel
+    factors = uniforms([(*key, 0xC0102) for key in keys], 3)
+    spans = np.array([JITTER["brightness"], JITTER["contrast"], JITTER["saturation"]])
+    low = np.maximum(0, 1 - spans)
+    for k in range(24):
+        bright, contrast, saturation = (low + factors[k] * (1 + spans - low)).tolist()
+        for value, span in zip((bright, contrast, saturation), spans.tolist(), strict=True):
+            assert 1 - span <= value <= 1 + span
+        # torchvision's ColorJitter ops in the same order, on the crop and flip made without jitter
+        x = plain[k].float() / 255
+        x = TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(x, bright), contrast), saturation)
+        assert (jittered[k].float() - x * 255).abs().max() <= 1.0, k
+    alone = Augment(AugmentParams(crop="pad", crop_padding=3, color_jitter=JITTER))
+    assert all(torch.equal(alone(images[k], keys[k]), jittered[k]) for k in (0, 5, 23))  # not batch-dependent
+    assert jittered.dtype == torch.uint8
 
 
 def test_augmentations_do_what_they_say() -> None:

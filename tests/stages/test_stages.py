@@ -56,6 +56,40 @@ def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_pa
     assert metrics["accuracy"] == result.accuracy and set(metrics["per_class"]) == {"class_0", "class_1", "class_2"}
     assert len(read_json(tmp_path / "c.json")) == metrics["num_samples"] == result.num_samples
     assert sum(c["support"] for c in metrics["per_class"].values()) == metrics["num_samples"]
+    for name in ("per_class.png", "errors_gallery.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG", name
+    errors = read_json(tmp_path / "label_errors.json")
+    manifest = read_json(shards / "manifest.json")
+    assert errors["images_scored"] == len(manifest["files"]) == 72  # every accepted image, every split
+    ranked = errors["likely_label_errors"]
+    assert len(ranked) == min(PARAMS.evaluate.label_errors, 72) and [e["rank"] for e in ranked] == list(range(1, 73))
+    assert [e["loss"] for e in ranked] == sorted((e["loss"] for e in ranked), reverse=True)
+    assert {e["split"] for e in ranked} == {"train", "val", "test"}
+
+
+def test_planted_label_errors_top_the_ranking(tmp_path: Path) -> None:
+    """10 images moved into a wrong class folder: at least 7 of them in the top 30 of label_errors.json."""
+    from tests.helpers.folders import make_imagefolder
+
+    images = make_imagefolder(tmp_path / "images", classes=3, per_class=40, seed=4)
+    planted = []
+    for k, path in enumerate(sorted((images / "class_0").iterdir())[:10]):
+        target = images / f"class_{1 + k % 2}" / f"planted_{k}{path.suffix}"
+        path.rename(target)
+        planted.append(str(target))
+    preprocess.run(PARAMS.preprocess, seed=PARAMS.seed, source=images, out_dir=tmp_path / "shards")
+    model = train_once(tmp_path / "shards", tmp_path / "model", epochs=3)
+    evaluate.run(
+        PARAMS.evaluate.model_copy(update={"label_errors": 30}), model_path=model, shard_dir=tmp_path / "shards",
+        metrics_path=tmp_path / "reports" / "metrics.json", confusion_json=tmp_path / "reports" / "c.json",
+        confusion_png=tmp_path / "reports" / "c.png", roots={"source": str(images)},
+    )  # fmt: skip
+    top = read_json(tmp_path / "reports" / "label_errors.json")["likely_label_errors"]
+    assert all(Path(entry["file"]).is_file() for entry in top)  # the files a user opens to fix them
+    found = [entry for entry in top if entry["file"] in planted]
+    print(f"{len(found)} of 10 planted label errors in the top 30; ranks {[e['rank'] for e in found]}")
+    assert len(found) >= 7
+    assert all(entry["predicted"] == "class_0" for entry in found[:7])  # the class they really are
 
 
 # The export stage's tests are in tests/stages/test_export.py (and the gate's in tests/stages/test_check_regression.py).

@@ -185,3 +185,30 @@ def test_finished_runs_prune_older_runs_checkpoints(shards: Path, tmp_path: Path
     assert {p.name for p in (tmp_path / "runs/checkpoints").iterdir()} == {first.run_dir.name, second.run_dir.name}
     third = train_once(shards, tmp_path, epochs=1, lr=0.03, keep_checkpoint_runs=2)
     assert {p.name for p in (tmp_path / "runs/checkpoints").iterdir()} == {second.run_dir.name, third.run_dir.name}
+
+
+def test_batch_grids_show_the_first_real_batch_and_the_val_images(shards: Path, model: Path) -> None:
+    from tasks.core.params import derive_seed
+    from tasks.training.augment import Augment
+    from tasks.training.batches import first_batch
+    from tasks.training.dataset import ShardDataset
+    from tasks.training.distributed import World
+    from tasks.training.loader import StepSampler, make_loader
+
+    for name in ("train_batch.png", "val_batch.png"):
+        with Image.open(model.parent / name) as grid:
+            assert grid.format == "PNG" and grid.width > 400, name
+    # The grid's batch is the loop's: a loader built as the train stage builds it, with 2 workers,
+    # yields the same first batch as the grid's copy (the seed derivation is the stage's own).
+    params = PARAMS.train
+    seed = derive_seed(PARAMS.seed, "train")
+    dataset = ShardDataset(shards, "train", augment=Augment(params.augment), seed=seed)
+    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
+    state = generator.get_state()
+    loader = make_loader(dataset, StepSampler(len(dataset), params.batch_size, World(), generator), num_workers=2,
+                         pin_memory=False, generator=generator)  # fmt: skip
+    real_images, real_labels, indices = next(iter(loader))
+    images, labels = first_batch(dataset, params.batch_size, state)
+    assert torch.equal(images, real_images) and labels == real_labels.tolist()
+    raw = torch.from_numpy(dataset.data.take(indices.tolist()))
+    assert not torch.equal(images, raw)  # augmented: what the model gets, not the stored pixels
