@@ -12,7 +12,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-slow promote lint tensorboard clean sanity
+.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find
 .PHONY: serve serve-venv add-data commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -93,6 +93,15 @@ lint: setup
 # data path, not bad hyperparameters (params: sanity.*; needs the shards: dvc repro preprocess).
 sanity: setup
 	$(BIN)/python -m tasks.sanity
+
+# When a model misbehaves (README "Debugging"): a layer trace of one real training batch (forward and
+# backward hooks on every module -> reports/inspect.json), and the learning-rate range test
+# (reports/lr_find.json + .png, and the `dvc exp run -S train.lr=...` to try). ARGS: the tools' flags.
+inspect: setup
+	$(BIN)/python -m tasks.layer_trace $(ARGS)
+
+lr-find: setup
+	$(BIN)/python -m tasks.lr_find $(ARGS)
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".

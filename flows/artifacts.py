@@ -23,11 +23,19 @@ def stage_reports(paths: Paths) -> dict[str, Path]:
     return {"evaluate": paths.metrics, "export": paths.export_report, "check_regression": paths.regression_md}
 
 
+def picture_paths(paths: Paths) -> list[Path]:
+    """The PNGs a run writes, which the comparison artifact links to by their paths."""
+    return [paths.train_batch_png, paths.val_batch_png, paths.train_curves, paths.confusion_png, paths.per_class_png,
+            paths.errors_gallery]  # fmt: skip
+
+
 KEYS = {
     "evaluate": "train-flow-metrics",
     "export": "train-flow-export-parity",
     "check_regression": "train-flow-regression-verdict",
     "manifest": "train-flow-run-manifest",
+    "why": "train-flow-why",
+    "comparison": "train-flow-comparison",
     "nightly": "regression-flow-verdict",
 }
 
@@ -64,6 +72,16 @@ def publish_report(stage: str, report_path: Path) -> None:
 def publish_manifest(manifest: Mapping[str, Any], manifest_path: Path) -> None:
     create_table_artifact(
         flatten(manifest), key=KEYS["manifest"], description=f"what made this run's outputs (also in {manifest_path})"
+    )
+
+
+def publish_why(markdown: str) -> None:
+    create_markdown_artifact(markdown, key=KEYS["why"], description="why each stage ran: DVC's status before it")
+
+
+def publish_comparison(markdown: str) -> None:
+    create_markdown_artifact(
+        markdown, key=KEYS["comparison"], description="this run vs the previous completed run and the baseline"
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.shell import output
-from tasks.core.io import sha256_file
+from tasks.core.io import read_json, sha256_file
 from tasks.core.params import Params, section_hash
 from tasks.images.shards import MANIFEST
 
@@ -49,12 +49,18 @@ def build_manifest(
     flow_run: dict[str, str | None],
     stages: dict[str, str],
     status: str,
+    why: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """Everything needed to say what produced this run's outputs; paths relative to `repo`."""
+    """Everything needed to say what produced this run's outputs; paths relative to `repo`. `why`: each
+    stage's reasons from DVC's status (flows/explain.py); `metrics` and `params` let a later run compare."""
     paths = params.paths
+    metrics = repo / paths.metrics
     return {
         "status": status,
         "stages": stages,
+        "why": why or {},
+        "metrics": read_json(metrics) if metrics.is_file() else None,
+        "params": params.model_dump(mode="json"),
         "prefect": flow_run,
         "git": git_state(repo),
         "dvc_lock_sha256": _sha256(repo / "dvc.lock"),

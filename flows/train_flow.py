@@ -13,17 +13,26 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, runtime, task
 from prefect.futures import PrefectFuture, wait
 from pydantic import Field
 
-from flows.artifacts import publish_manifest, publish_report, stage_reports
+from flows.artifacts import (
+    KEYS,
+    picture_paths,
+    publish_comparison,
+    publish_manifest,
+    publish_report,
+    publish_why,
+    stage_reports,
+)
 from flows.dag import load_stages
+from flows.explain import comparison_markdown, previous_completed_run, why_markdown, why_stage_runs
 from flows.manifest import build_manifest
 from flows.shell import output, stage_env, stream
-from tasks.core.io import write_json
+from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, Params, load_params
 
 __all__ = ["StageFailed", "run_stage", "stage_env", "train_flow"]
@@ -41,16 +50,22 @@ def dvc_command(*args: str) -> list[str]:
 
 
 @task(name="dvc-stage", task_run_name="{stage}", cache_policy=None)
-def run_stage(stage: str, repo_dir: str, report: str | None = None) -> str:
+def run_stage(stage: str, repo_dir: str, report: str | None = None) -> dict[str, Any]:
     """`dvc repro --single-item <stage>`, its output streamed into the Prefect log as it happens.
 
-    Returns what DVC did: "ran", "unchanged" or "restored from run cache". The stage's JSON report
+    Returns {"outcome": what DVC did ("ran", "unchanged" or "restored from run cache"), "why": the reasons
+    DVC's status gave just before (flows/explain.py), [] when nothing had changed}. The stage's JSON report
     (`report`, relative to the repo) becomes an artifact, also when the stage failed after writing it
     (check_regression writes its verdict, then exits 1).
     """
     logger = get_run_logger()
     repo = Path(repo_dir)
     outcome = "ran"
+    try:
+        why = why_stage_runs(repo, stage)
+    except (RuntimeError, OSError, ValueError) as exc:  # the explanation is not worth failing the stage for
+        why = [f"(DVC status unavailable: {exc})"]
+    logger.info("why %s: %s", stage, "; ".join(why) or "nothing changed, DVC will skip it")
 
     def log(line: str) -> None:
         nonlocal outcome
@@ -64,7 +79,7 @@ def run_stage(stage: str, repo_dir: str, report: str | None = None) -> str:
         publish_report(stage, report_path)
     if result.returncode != 0:
         raise StageFailed(f"stage {stage!r} failed with exit code {result.returncode}; last lines:\n{result.tail}")
-    return outcome
+    return {"outcome": outcome, "why": why}
 
 
 @task(name="dvc-push", cache_policy=None)
@@ -85,25 +100,42 @@ def push_outputs(repo_dir: str, remote: str | None = None) -> str:
     return f"pushed to {remote or 'the default remote'}"
 
 
-def record_run(repo: Path, params: Params, stages: dict[str, str], status: str) -> Path:
-    """reports/run_manifest.json + its artifact. Not a DVC output, so `dvc status` stays clean."""
+def record_run(repo: Path, params: Params, stages: dict[str, str], why: dict[str, list[str]], status: str) -> Path:
+    """reports/run_manifest.json + its artifact, and the why and comparison artifacts. Not a DVC output,
+    so `dvc status` stays clean."""
+    logger = get_run_logger()
     flow_run = {
         "flow_run_id": runtime.flow_run.id,
         "flow_run_name": runtime.flow_run.name,
         "deployment": runtime.deployment.name,
     }
-    manifest = build_manifest(repo, params, flow_run=flow_run, stages=stages, status=status)
+    # Read before this run's manifest exists as an artifact: the previous one is another run's.
+    try:
+        previous, previous_name = previous_completed_run(runtime.flow_run.id, runtime.deployment.id, KEYS["manifest"])
+    except Exception as exc:  # an API hiccup must not fail a finished run
+        logger.warning("could not read the previous run to compare with: %s", exc)
+        previous, previous_name = None, None
+    manifest = build_manifest(repo, params, flow_run=flow_run, stages=stages, status=status, why=why)
     path = repo / params.paths.run_manifest
     write_json(path, manifest)
     publish_manifest(manifest, path.relative_to(repo))
+    publish_why(why_markdown(stages, why))
+    baseline = repo / params.paths.baseline_metrics
+    pictures = {p.name: repo / p for p in picture_paths(params.paths)}
+    publish_comparison(comparison_markdown(manifest, previous, previous_name,
+                                           read_json(baseline) if baseline.is_file() else None, pictures))  # fmt: skip
     return path
 
 
-def _outcome(future: PrefectFuture[str]) -> str:
+def _outcome(future: PrefectFuture[dict[str, Any]]) -> str:
     state = future.state
     if state.is_completed():
-        return future.result()
+        return future.result()["outcome"]
     return state.name.lower() if state.is_final() else "not run"  # NotReady: an upstream stage failed
+
+
+def _why(future: PrefectFuture[dict[str, Any]]) -> list[str] | None:
+    return future.result()["why"] if future.state.is_completed() else None
 
 
 @flow(name="train-flow", log_prints=True)
@@ -125,15 +157,17 @@ def train_flow(
     params = load_params(repo / PARAMS_FILE)
     stages = load_stages(repo)
     outcomes = {name: "not run" for name in stages}
+    why: dict[str, list[str]] = {}
     reports = {name: str(path) for name, path in stage_reports(params.paths).items()}
     try:
-        futures: dict[str, PrefectFuture[str]] = {}
+        futures: dict[str, PrefectFuture[dict[str, Any]]] = {}
         for name, stage in stages.items():  # upstream stages come first
             futures[name] = run_stage.with_options(
                 retries=train_retries if name == "train" else 0, retry_delay_seconds=retry_delay_seconds
             ).submit(name, str(repo), reports.get(name), wait_for=[futures[up] for up in sorted(stage.upstream)])
         wait(list(futures.values()))
         outcomes.update({name: _outcome(future) for name, future in futures.items()})
+        why.update({name: reasons for name, future in futures.items() if (reasons := _why(future)) is not None})
         for future in futures.values():
             if future.state.is_final():
                 future.result()  # raises the first failure in DAG order, naming its stage
@@ -142,11 +176,11 @@ def train_flow(
             outcomes["dvc push"] = push_outputs.submit(str(repo), remote, wait_for=list(futures.values())).result()
     except BaseException:
         try:
-            record_run(repo, params, outcomes, "failed")
+            record_run(repo, params, outcomes, why, "failed")
         except Exception:  # the stage failure is the error to report, not a manifest problem
             logger.exception("could not write the run manifest")
         raise
-    path = record_run(repo, params, outcomes, "completed")
+    path = record_run(repo, params, outcomes, why, "completed")
     logger.info("stages: %s; run manifest -> %s", outcomes, path)
     return outcomes
 

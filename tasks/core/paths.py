@@ -105,6 +105,18 @@ class Paths(BaseModel):
         return self.reports / "run_manifest.json"  # train-flow: what each stage did in this run
 
     @property
+    def inspect_report(self) -> Path:
+        return self.reports / "inspect.json"  # make inspect: the layer trace (not versioned)
+
+    @property
+    def lr_find_json(self) -> Path:
+        return self.reports / "lr_find.json"  # make lr-find: the learning-rate range test (not versioned)
+
+    @property
+    def lr_find_png(self) -> Path:
+        return self.reports / "lr_find.png"
+
+    @property
     def sanity_report(self) -> Path:
         return self.runs / "sanity.json"
 

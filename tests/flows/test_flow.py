@@ -142,6 +142,37 @@ def test_second_run_skips_unchanged_stages_and_pushes_to_the_remote(trained: dic
     assert (remote / "files" / "md5" / md5[:2] / md5[2:]).is_file()
 
 
+def test_a_run_after_an_lr_change_says_why_each_stage_ran_and_compares_with_the_last_run(
+    trained: dict[str, Any],
+) -> None:
+    from flows.train_flow import train_flow
+
+    repo = trained["repo"]
+    before = read_json(repo / "reports" / "metrics.json")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    old_lr = params["train"]["lr"]
+    params["train"]["lr"] = new_lr = old_lr * 2
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    state = train_flow(repo_dir=str(repo), push=False, return_state=True)
+    assert state.is_completed(), state.message
+    manifest = read_json(repo / "reports" / "run_manifest.json")
+    assert manifest["stages"]["generate"] == manifest["stages"]["preprocess"] == "unchanged"
+    assert manifest["stages"]["train"] == "ran"
+    assert manifest["why"]["generate"] == manifest["why"]["preprocess"] == []
+    assert f"param train.lr: {old_lr} -> {new_lr}" in manifest["why"]["train"]
+    assert "dep models/model.pt modified" in manifest["why"]["evaluate"]  # the new model, after train ran
+    artifacts = api_artifacts(state.state_details.flow_run_id)
+    why = artifacts[KEYS["why"]].data
+    assert f"| train | ran | param train.lr: {old_lr} -> {new_lr}" in why
+    assert "| generate | unchanged | nothing changed: DVC skips it |" in why
+    after = read_json(repo / "reports" / "metrics.json")
+    comparison = artifacts[KEYS["comparison"]].data
+    delta = after["accuracy"] - before["accuracy"]
+    assert f"| accuracy | {after['accuracy']:.4f} | {before['accuracy']:.4f} | {delta:+.4f} |" in comparison
+    assert f"`train.lr: {old_lr} -> {new_lr}`" in comparison and "unchanged" in comparison
+    assert "reports/train_batch.png" in comparison and "reports/errors_gallery.png" in comparison
+
+
 def test_failing_stage_fails_the_flow_with_its_name_log_tail_and_verdict(trained: dict[str, Any]) -> None:
     from flows.train_flow import train_flow
 
