@@ -12,7 +12,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find
+.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find review-label-errors
 .PHONY: serve serve-venv add-data commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -102,6 +102,11 @@ inspect: setup
 
 lr-find: setup
 	$(BIN)/python -m tasks.lr_find $(ARGS)
+
+# The likeliest label errors of reports/label_errors.json into the review folder (TOP=30).
+TOP ?= 30
+review-label-errors: setup
+	$(BIN)/python -m tasks.review_label_errors --top $(TOP)
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".

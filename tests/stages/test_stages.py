@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import evaluate, preprocess, train
+from tasks import evaluate, preprocess, review_label_errors, train
 from tasks.core.io import read_json
 from tasks.core.params import Params
 from tests.helpers.project import TINY
@@ -90,6 +90,13 @@ def test_planted_label_errors_top_the_ranking(tmp_path: Path) -> None:
     print(f"{len(found)} of 10 planted label errors in the top 30; ranks {[e['rank'] for e in found]}")
     assert len(found) >= 7
     assert all(entry["predicted"] == "class_0" for entry in found[:7])  # the class they really are
+    # Into the review folder, the server's layout: <predicted class>/<sha256>.<ext> + sidecar; twice is once.
+    copied = review_label_errors.run(tmp_path / "reports" / "label_errors.json", tmp_path / "review", top=10)
+    assert len(copied) == 10 and review_label_errors.run(tmp_path / "reports" / "label_errors.json",
+                                                         tmp_path / "review", top=10) == []  # fmt: skip
+    first = copied[0]
+    assert first.parent.name == top[0]["predicted"] and first.read_bytes() == Path(top[0]["file"]).read_bytes()
+    assert read_json(first.with_suffix(".json"))["file"] == top[0]["file"]
 
 
 # The export stage's tests are in tests/stages/test_export.py (and the gate's in tests/stages/test_check_regression.py).
