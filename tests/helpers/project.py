@@ -62,10 +62,12 @@ def run_train(repo: Path, fault: str | None = None, timeout: float = 600) -> sub
 
 
 def make_command(*args: str) -> list[str]:
-    """`make <args>` with the project's Makefile and this interpreter's venv, for a copy or clone of the
-    project run from its own folder (a test project has no .venv of its own)."""
+    """`make <args>` with the project's Makefile, this interpreter's venv and the checkout's serving venv
+    (`make test` builds it), for a copy or clone of the project run from its own folder (a test
+    project has no venvs of its own, nor the requirements files to build them)."""
     venv = Path(sys.executable).parent.parent
-    return ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=", *args]
+    return ["make", "-s", "-f", str(ROOT / "Makefile"), f"VENV={venv}", f"BIN={venv}/bin", "STAMP=",
+            f"SERVE_VENV={ROOT / '.venv-serve'}", "SERVE_STAMP=", *args]  # fmt: skip
 
 
 def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
