@@ -21,48 +21,32 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import write_json
 from tasks.core.params import Params, derive_seed
-from tasks.images.imaging import PreprocessSpec
-from tasks.images.shards import load_manifest
-from tasks.training.augment import Augment
 from tasks.training.batches import first_batch
-from tasks.training.checkpoint import load_init_weights
-from tasks.training.dataset import ShardDataset
-from tasks.training.models import build_model, load_model_file, normalize
-from tasks.training.recipe import resolve
+from tasks.training.models import load_model_file, normalize
 from tasks.training.runtime import cpu_threads, seed_everything
+from tasks.training.start import Start, training_start
 from tasks.training.trace import as_json, flagged, table, trace
 
 log = logging.getLogger(__name__)
 
 
-def first_images(p: Params, count: int) -> tuple[torch.Tensor, torch.Tensor, PreprocessSpec]:
-    """The train stage's first batch (its seeds, sampler and augmentation), the first `count` of it."""
-    seed = derive_seed(p.seed, "train")
-    spec = PreprocessSpec.model_validate(load_manifest(p.paths.shards)["spec"])
-    train_set = ShardDataset(p.paths.shards, "train", augment=Augment(p.train.augment), seed=seed)
-    params = resolve(p.train, len(train_set)).params
-    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
-    images, labels = first_batch(train_set, params.batch_size, generator.get_state())
-    return images[:count], torch.tensor(labels[:count]), spec
-
-
-def model_to_trace(p: Params, spec: PreprocessSpec, init: bool) -> tuple[torch.nn.Module, str]:
+def model_to_trace(p: Params, start: Start, init: bool) -> tuple[torch.nn.Module, str]:
     if not init and p.paths.model.is_file():
         model, trained_spec, _ = load_model_file(p.paths.model)
-        if trained_spec.class_names != spec.class_names:
+        if trained_spec.class_names != start.spec.class_names:
             raise StageError(f"{p.paths.model}: trained on other classes than {p.paths.shards}; rerun dvc repro train")
         return model, str(p.paths.model)
-    model = build_model(p.train.arch, len(spec.class_names))
-    if p.train.init_from:
-        load_init_weights(model, p.train.init_from)
-    return model, f"a fresh {p.train.arch}" + (f" from {p.train.init_from}" if p.train.init_from else "")
+    recipe = start.recipe
+    return start.fresh_model(), f"a fresh {recipe.arch}" + (f" from {recipe.init_from}" if recipe.init_from else "")
 
 
 def run(p: Params, *, batch: int, init: bool, report: Path) -> dict[str, list[str]]:
     seed_everything(derive_seed(p.seed, "inspect"), cpu_threads(p.train.threads, 1), torch.device("cpu"))
-    images, labels, spec = first_images(p, batch)
-    model, what = model_to_trace(p, spec, init)
-    rows = trace(model, normalize(images, spec), labels)
+    start = training_start(p)
+    images, labels = first_batch(start.dataset, start.recipe.batch_size, start.loader_generator().get_state())
+    images, labels = images[:batch], torch.tensor(labels[:batch])  # the train stage's first batch, cut
+    model, what = model_to_trace(p, start, init)
+    rows = trace(model, normalize(images, start.spec), labels)
     write_json(report, {"model": what, "images": len(images), **as_json(rows)})
     print(table(rows))
     found = flagged(rows)

@@ -23,26 +23,21 @@ from tasks.core.cli import stage_main
 from tasks.core.io import write_json
 from tasks.core.params import Params, derive_seed
 from tasks.core.plots import plot_lr_find
-from tasks.images.imaging import PreprocessSpec
-from tasks.images.shards import load_manifest
-from tasks.training.augment import Augment
-from tasks.training.checkpoint import load_init_weights
-from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.loader import StepSampler, make_loader
 from tasks.training.lr_range import RULE, Sweep, sweep
-from tasks.training.models import build_model
-from tasks.training.optim import build_optimizer, freeze_backbone
-from tasks.training.recipe import resolve
+from tasks.training.optim import build_optimizer
+from tasks.training.recipe import steps_in_epoch
 from tasks.training.runtime import cpu_threads, seed_everything
+from tasks.training.start import Start, training_start
 
 log = logging.getLogger(__name__)
 
 
-def batches(dataset: ShardDataset, batch_size: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batches(start: Start) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The train stage's loader, epoch after epoch, for as long as the sweep asks."""
-    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
-    sampler = StepSampler(len(dataset), batch_size, World(), generator)
+    dataset, generator = start.dataset, start.loader_generator()
+    sampler = StepSampler(len(dataset), start.recipe.batch_size, World(), generator)
     loader = make_loader(dataset, sampler, num_workers=0, pin_memory=False, generator=generator)
     epoch = 0
     while True:
@@ -53,20 +48,14 @@ def batches(dataset: ShardDataset, batch_size: int, seed: int) -> Iterator[tuple
 
 
 def run(p: Params, *, min_lr: float, max_lr: float, steps: int, json_path: Path, png_path: Path) -> Sweep:
-    seed = derive_seed(p.seed, "train")
-    seed_everything(seed, cpu_threads(p.train.threads, 1), torch.device("cpu"))
-    spec = PreprocessSpec.model_validate(load_manifest(p.paths.shards)["spec"])
-    dataset = ShardDataset(p.paths.shards, "train", augment=Augment(p.train.augment), seed=seed)
-    recipe = resolve(p.train, len(dataset)).params
-    steps = steps or max(100, StepSampler(len(dataset), recipe.batch_size, World(), torch.Generator()).steps_per_epoch)
-    model = build_model(recipe.arch, len(spec.class_names))
-    if recipe.init_from:
-        load_init_weights(model, recipe.init_from)
-    if recipe.freeze_backbone:
-        freeze_backbone(model)
+    seed_everything(derive_seed(p.seed, "train"), cpu_threads(p.train.threads, 1), torch.device("cpu"))
+    start = training_start(p)
+    recipe = start.recipe
+    steps = steps or max(100, steps_in_epoch(len(start.dataset), recipe.batch_size))
+    model = start.fresh_model()
     optimizer = build_optimizer(model, recipe.model_copy(update={"lr": 1.0}))
-    result = sweep(model, optimizer, batches(dataset, recipe.batch_size, seed), spec, min_lr=min_lr, max_lr=max_lr,
-                   steps=steps, label_smoothing=recipe.label_smoothing)  # fmt: skip
+    result = sweep(model, optimizer, batches(start), start.spec, min_lr=min_lr, max_lr=max_lr, steps=steps,
+                   label_smoothing=recipe.label_smoothing)  # fmt: skip
     suggestion = float(f"{result.suggestion:.2g}")
     command = f"dvc exp run -S train.lr={suggestion:g}"
     write_json(json_path, {
