@@ -36,6 +36,13 @@ class Recorder:
     async def wait_started(self) -> None:
         assert await asyncio.to_thread(self.started.acquire, True, 10), "no call started"
 
+    async def occupy(self, batcher: Batcher) -> asyncio.Task[Any]:
+        """Submit ["a"] and hold its call, so the batcher's only stream stays busy until `gate` is set."""
+        self.gate.clear()
+        first = asyncio.create_task(batcher.submit(["a"]))
+        await self.wait_started()
+        return first
+
 
 def test_a_lone_request_runs_at_once_as_a_batch_of_one() -> None:
     async def main() -> None:
@@ -54,9 +61,7 @@ def test_requests_that_wait_for_a_busy_stream_are_coalesced_in_order_up_to_max_b
     async def main() -> None:
         run, sizes = Recorder(), []
         batcher = Batcher(run, streams=1, max_batch=4, max_queue=16, on_batch=sizes.append)
-        run.gate.clear()
-        first = asyncio.create_task(batcher.submit(["a"]))
-        await run.wait_started()  # the only stream is busy from here on
+        first = await run.occupy(batcher)
         waiting = [asyncio.create_task(batcher.submit(items)) for items in (["b"], ["c"], ["d"], ["e", "f", "g"])]
         await asyncio.sleep(0)  # let every submit enqueue
         assert batcher.queue_depth == 6 and batcher.busy == 1
@@ -89,9 +94,7 @@ def test_one_requests_error_fails_only_that_request() -> None:
     async def main() -> None:
         run = Recorder()
         batcher = Batcher(run, streams=1, max_batch=8, max_queue=16)
-        run.gate.clear()
-        first = asyncio.create_task(batcher.submit(["a"]))
-        await run.wait_started()
+        first = await run.occupy(batcher)
         good, bad, other = (asyncio.create_task(batcher.submit(items)) for items in (["b"], ["bad"], ["c"]))
         run.gate.set()
         assert await first == [("a", 1)]
@@ -108,9 +111,7 @@ def test_a_full_queue_refuses_and_a_cancelled_request_is_dropped() -> None:
     async def main() -> None:
         run = Recorder()
         batcher = Batcher(run, streams=1, max_batch=8, max_queue=3)
-        run.gate.clear()
-        first = asyncio.create_task(batcher.submit(["a"]))
-        await run.wait_started()
+        first = await run.occupy(batcher)
         gone = asyncio.create_task(batcher.submit(["x", "y"]))
         kept = asyncio.create_task(batcher.submit(["k"]))
         await asyncio.sleep(0)
