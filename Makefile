@@ -12,7 +12,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find review-label-errors
+.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
 .PHONY: serve serve-venv add-data commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -89,6 +89,12 @@ lint: setup
 	$(BIN)/ruff check tasks flows serving tests bench
 	$(BIN)/ruff format --check tasks flows serving tests bench
 
+# Training across nodes (train.nnodes > 1, docs/scale-out.md): the head node runs `dvc repro train`,
+# which waits at train.rdzv_endpoint; every other node, in its own checkout of the same commit with
+# the shards pulled (`dvc pull preprocess`) and paths.checkpoints on the shared storage, runs this.
+train-join: setup
+	$(BIN)/python -m tasks.train --join
+
 # Overfit one training batch with the train recipe: a loss that won't reach ~0 means a broken code or
 # data path, not bad hyperparameters (params: sanity.*; needs the shards: dvc repro preprocess).
 sanity: setup
@@ -127,8 +133,10 @@ prefect-pool: setup
 prefect-deploy: setup
 	scripts/prefect.sh deploy
 
+# POOL=gpu on the machine that runs the stages prefect.yaml's placement puts there (docs/scale-out.md)
+POOL ?= local-process
 prefect-worker: setup
-	scripts/prefect.sh worker
+	POOL=$(POOL) scripts/prefect.sh worker
 
 # A deployment's run, followed to its end: its final state and message, exit 1 unless it Completed.
 DEPLOYMENT ?= train-flow/prod

@@ -5,13 +5,16 @@ Seeded end to end with deterministic algorithms: the same params and shards give
 also when the run was killed and rerun (it resumes from its last checkpoint). Read top to bottom:
 `run` -> `_train`, which sets up the data, the model and the optimizer in named functions and hands
 them to the epoch loop (tasks/training/loop.py) and its step runner (tasks/training/step.py).
-train.nproc_per_node > 1 reruns this module under torchrun.
+train.nproc_per_node > 1 or train.nnodes > 1 reruns this module under torchrun; on another node of
+a multi-node job, `python -m tasks.train --join` (make train-join) starts this node's part.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,17 +121,50 @@ def run(
         runs_dir, checkpoint_dir or runs_dir / "checkpoints",
     )  # fmt: skip
     world = distributed.world_from_env()
-    if not world.is_main:  # one voice: the other ranks report only warnings and errors
-        logging.getLogger().setLevel(logging.WARNING)
     try:
         device = distributed.resolve_device(params.device, world)
     except RuntimeError as exc:
         raise StageError(str(exc)) from None
-    distributed.init(world, device)
     try:
+        world = distributed.init(world, device)  # on several nodes the ranks are renumbered: head first
+        if not world.is_main:  # one voice: the other ranks report only warnings and errors
+            logging.getLogger().setLevel(logging.WARNING)
+        _same_on_every_rank(provenance, world)
         return _train(params, seed, outputs, provenance, world, device, hooks or hooks_from_env())
+    except RuntimeError as exc:  # gloo says "Connection reset by peer" as a RuntimeError, nccl as a DistError
+        if not (world.is_distributed and _lost_peer(exc)):
+            raise
+        raise StageError(
+            f"lost contact with another rank ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}); "
+            "the job stops on every node. Rerun it (on the head `dvc repro train`, on the others "
+            f"`make train-join`): it resumes from the last checkpoint every rank reached, in "
+            f"{outputs.checkpoints} (which must be one folder every node sees)"
+        ) from None
     finally:
         distributed.shutdown()
+
+
+def _lost_peer(exc: RuntimeError) -> bool:
+    """A collective that failed because another rank's process is gone, not a bug in this one."""
+    return isinstance(exc, torch.distributed.DistError) or "/gloo/transport/" in str(exc)
+
+
+def _same_on_every_rank(provenance: dict[str, str], world: distributed.World) -> None:
+    """Every rank must train from the same params, seed and shards: a node on another commit or with other
+    data would silently train something else. Named by host and folder, so the odd node is found."""
+    if not world.is_distributed:
+        return
+    mine = {"host": socket.gethostname(), "folder": str(Path.cwd()), **provenance}
+    everyone = distributed.all_gather_objects(mine)
+    for rank, theirs in enumerate(everyone):
+        differ = [key for key in provenance if theirs[key] != everyone[0][key]]
+        if differ:
+            raise StageError(
+                f"rank {rank} ({theirs['host']}:{theirs['folder']}) has other {', '.join(differ)} than rank 0 "
+                f"({everyone[0]['host']}:{everyone[0]['folder']}): "
+                + "; ".join(f"{key} {theirs[key][:12]} vs {everyone[0][key][:12]}" for key in differ)
+                + ". Every node needs the same commit and data: `git checkout <commit> && dvc pull` there"
+            )
 
 
 def _train(
@@ -159,6 +195,7 @@ def _train(
     schedule = Schedule(optimizer, params, data.sampler.steps_per_epoch)
 
     payload = checkpointer.load() if params.resume else None
+    _same_checkpoint_on_every_rank(checkpointer, payload, world)
     if not params.resume and world.is_main:
         checkpointer.discard()
     run_dir = out.runs / "train" / identity.name
@@ -203,6 +240,25 @@ def _train(
                      folder, params.keep_checkpoint_runs)  # fmt: skip
     return TrainResult(out.model, progress.history[-1]["val_accuracy"], int(params.epochs),
                        profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
+
+
+def _same_checkpoint_on_every_rank(
+    checkpointer: Checkpointer, payload: dict[str, Any] | None, world: distributed.World
+) -> None:
+    """A rank that resumes from another step than rank 0 (or starts fresh while rank 0 resumes) would
+    train out of step: on several nodes it means the checkpoint folder is not one shared folder."""
+    if not world.is_distributed:
+        return
+    step = payload["progress"]["step"] if payload else None
+    steps = distributed.all_gather_objects((socket.gethostname(), str(checkpointer.directory), step))
+    odd = [(rank, *item) for rank, item in enumerate(steps) if item[2] != steps[0][2]]
+    if odd:
+        rank, host, folder, theirs = odd[0]
+        raise StageError(
+            f"rank {rank} ({host}) finds {'no checkpoint' if theirs is None else f'a checkpoint at step {theirs}'} "
+            f"in {folder}, rank 0 ({steps[0][0]}) {'none' if steps[0][2] is None else f'one at step {steps[0][2]}'}: "
+            "paths.checkpoints must be one folder that every node sees (shared storage: NFS, a cluster file system)"
+        )
 
 
 def _write_outputs(
@@ -290,12 +346,24 @@ def run_metadata(
     }
 
 
-def _main(p: Params) -> None:
-    if distributed.needs_launch(p.train.nproc_per_node):
-        status = distributed.launch(p.train.nproc_per_node, "tasks.train")
+def _main(p: Params, *, join: bool = False) -> None:
+    t = p.train
+    if join and t.nnodes == 1:
+        raise StageError("--join: train.nnodes is 1 in params.yaml, so there is no multi-node job to join")
+    if distributed.needs_launch(t.nproc_per_node, t.nnodes):
+        if t.nnodes > 1:
+            log.info("%s node of %d, %d process(es) each, rendezvous at %s (waiting up to %d s for the others)",
+                     "joining as another" if join else "head", t.nnodes, t.nproc_per_node, t.rdzv_endpoint,
+                     t.rdzv_timeout_s)  # fmt: skip
+        command = distributed.torchrun_command(t.nproc_per_node, "tasks.train", nnodes=t.nnodes, head=not join,
+                                               endpoint=t.rdzv_endpoint, timeout_s=t.rdzv_timeout_s)  # fmt: skip
+        status = distributed.launch(command, head=not join, timeout_s=t.rdzv_timeout_s)
         if status:
-            raise StageError(f"torchrun exited with status {status}; the ranks' messages are above")
+            where = "" if t.nnodes == 1 else f" on the {'joining' if join else 'head'} node"
+            raise StageError(f"torchrun exited with status {status}{where}; the ranks' messages are above")
         return
+    if join:
+        raise StageError("--join is for the node's own launcher, not for a process torchrun started")
     shard_dir = p.paths.shards
     result = run(
         p.train,
@@ -318,7 +386,11 @@ def _main(p: Params) -> None:
 
 
 def main() -> None:
-    stage_main("train", _main)
+    parser = argparse.ArgumentParser(prog="python -m tasks.train", description="The train stage (dvc repro train).")
+    parser.add_argument("--join", action="store_true",
+                        help="train.nnodes > 1: join the job the head node started (make train-join)")  # fmt: skip
+    args = parser.parse_args()
+    stage_main("train", lambda p: _main(p, join=args.join))
 
 
 if __name__ == "__main__":

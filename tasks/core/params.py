@@ -175,6 +175,13 @@ class TrainParams(Section):
     init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
     freeze_backbone: bool = Field(False, description="train the head only; frozen BatchNorm stays in eval mode")
     nproc_per_node: int = Field(1, ge=1, description="> 1: DDP processes under torchrun --standalone")
+    nnodes: int = Field(
+        1, ge=1, description="> 1: one torchrun per node; the head runs `dvc repro train`, the others `make train-join`"
+    )
+    rdzv_endpoint: str = Field(
+        "127.0.0.1:29400", description="nnodes > 1: host:port of the head node, where torchrun's c10d rendezvous meets"
+    )
+    rdzv_timeout_s: int = Field(600, ge=1, description="nnodes > 1: how long the nodes wait for each other to join")
     auto_batch: bool = Field(False, description="on CUDA OOM: halve the micro-batch, double accumulation")
     nonfinite: Literal["skip", "abort"] = Field("skip", description="a step with a NaN/Inf loss or gradient")
     max_nonfinite: int = Field(10, ge=0, description="skip: stop the run after more than this many such steps")
@@ -191,12 +198,16 @@ class TrainParams(Section):
 
     @model_validator(mode="after")
     def _batch_splits(self) -> TrainParams:
-        parts = self.nproc_per_node * self.accumulation_steps
+        parts = self.nnodes * self.nproc_per_node * self.accumulation_steps
         if self.batch_size != AUTO and self.batch_size % parts:
+            nodes = f"nnodes ({self.nnodes}) x " if self.nnodes > 1 else ""
             raise ValueError(
-                f"batch_size ({self.batch_size}) must be divisible by nproc_per_node ({self.nproc_per_node}) "
+                f"batch_size ({self.batch_size}) must be divisible by {nodes}nproc_per_node ({self.nproc_per_node}) "
                 f"x accumulation_steps ({self.accumulation_steps})"
             )
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if self.nnodes > 1 and not (host and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"rdzv_endpoint {self.rdzv_endpoint!r} is not host:port (the head node's address)")
         return self
 
 

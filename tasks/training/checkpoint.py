@@ -36,7 +36,7 @@ LAST, BEST = "last.pt", "best.pt"
 # kernels round differently: a checkpoint loads with or without it, by design.
 OPERATIONAL = frozenset(
     {"num_workers", "threads", "checkpoint_every_steps", "resume", "histogram_every_steps", "auto_batch"}
-    | {"nonfinite", "max_nonfinite", "compile", "keep_checkpoint_runs"}
+    | {"nonfinite", "max_nonfinite", "compile", "keep_checkpoint_runs", "rdzv_endpoint", "rdzv_timeout_s"}
 )
 
 

@@ -1,8 +1,12 @@
 """DDP plumbing: the world from torchrun's environment, the device, the process group, and reductions.
 
 `python -m tasks.train` with train.nproc_per_node > 1 runs itself again under
-`torchrun --standalone --nproc_per_node N` (gloo on CPU, nccl on CUDA). A multi-node job is started
-by the user's own torchrun with rendezvous flags; it sets RANK/WORLD_SIZE, so nothing relaunches.
+`torchrun --standalone --nproc_per_node N` (gloo on CPU, nccl on CUDA). With train.nnodes > 1 it
+runs under torchrun's multi-node flags instead (c10d rendezvous at train.rdzv_endpoint): the head
+node's process, the one `dvc repro train` started, hosts the rendezvous; every other node joins with
+`python -m tasks.train --join` (`make train-join`). The head's ranks come first, so global rank 0,
+the only one that writes, is on the head and DVC there records what it wrote. A torchrun the user
+starts by hand sets RANK/WORLD_SIZE, so nothing relaunches.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -43,16 +48,37 @@ def world_from_env() -> World:
     )
 
 
-def needs_launch(nproc_per_node: int) -> bool:
+HEAD_ENV = "IMAGEPIPE_TRAIN_HEAD"  # "1" in the ranks of the head node (set by its launcher, passed on by torchrun)
+RDZV_ID = "imagepipe-train"
+
+
+def needs_launch(nproc_per_node: int, nnodes: int = 1) -> bool:
     """True in the user's own process when more than one is asked for and torchrun has not started us."""
-    return nproc_per_node > 1 and "RANK" not in os.environ
+    return (nproc_per_node > 1 or nnodes > 1) and "RANK" not in os.environ
 
 
-def launch(nproc_per_node: int, module: str) -> int:
-    """Run `python -m module` under torchrun on this machine; returns torchrun's exit status."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc_per_node={nproc_per_node}", "-m", module]
-    return subprocess.call(command)
+def torchrun_command(
+    nproc_per_node: int, module: str, *, nnodes: int = 1, endpoint: str = "", head: bool = True, timeout_s: int = 600
+) -> list[str]:
+    """torchrun for this node: standalone on one node; else the c10d rendezvous at `endpoint`, which the
+    head hosts (is_host) and the others join. No restarts: a lost node ends the job, a rerun resumes it."""
+    command = [sys.executable, "-m", "torch.distributed.run"]
+    if nnodes == 1:
+        command += ["--standalone"]
+    else:
+        conf = f"is_host={int(head)},join_timeout={timeout_s},read_timeout={timeout_s}"
+        command += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                    f"--rdzv-id={RDZV_ID}", f"--rdzv-conf={conf}", "--max-restarts=0"]  # fmt: skip
+    return [*command, f"--nproc-per-node={nproc_per_node}", "-m", module]
+
+
+def launch(command: list[str], *, head: bool = True, timeout_s: int = 600) -> int:
+    """Run a torchrun command with this node's role in its environment; returns torchrun's exit status."""
+    env = {key: value for key, value in os.environ.items() if key != HEAD_ENV}
+    env["IMAGEPIPE_RDZV_TIMEOUT_S"] = str(timeout_s)
+    if head:
+        env[HEAD_ENV] = "1"
+    return subprocess.call(command, env=env)
 
 
 def resolve_device(requested: str, world: World) -> torch.device:
@@ -63,14 +89,45 @@ def resolve_device(requested: str, world: World) -> torch.device:
     return torch.device("cuda", world.local_rank % torch.cuda.device_count())
 
 
-def init(world: World, device: torch.device) -> None:
+def init(world: World, device: torch.device) -> World:
+    """Join the process group; returns this process's place in it (on several nodes, head ranks first)."""
     if not world.is_distributed or dist.is_initialized():
-        return
+        return world
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    options: dict[str, Any] = {}
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    else:
-        dist.init_process_group("gloo")
+        options["device_id"] = device
+    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # torchrun: more than one node
+        world, store = _head_first(world)
+        options.update(store=store, rank=world.rank, world_size=world.size)
+    dist.init_process_group(backend, **options)
+    return world
+
+
+def _head_first(world: World) -> tuple[World, dist.Store]:
+    """Renumber the ranks so that the head node's come first, in their old order, then the others'.
+
+    c10d's rendezvous numbers nodes by address and pid, so global rank 0 can land on any node; the
+    outputs must be written where `dvc repro train` runs. Uses the store of torchrun's agents
+    (MASTER_ADDR:MASTER_PORT) before the process group exists."""
+    env = os.environ
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=int(env.get("IMAGEPIPE_RDZV_TIMEOUT_S", "600"))))  # fmt: skip
+    prefix = f"imagepipe/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store.set(f"{prefix}/head/{world.rank}", env.get(HEAD_ENV, "0"))
+    keys = [f"{prefix}/head/{rank}" for rank in range(world.size)]
+    store.wait(keys)
+    heads = [store.get(key) == b"1" for key in keys]
+    if not any(heads):
+        raise RuntimeError(
+            "no node of this job is the head: start it with `dvc repro train` (or `python -m tasks.train`) "
+            "on the head node, and `make train-join` on the others"
+        )
+    order = sorted(range(world.size), key=lambda rank: (not heads[rank], rank))
+    rank = order.index(world.rank)
+    env["RANK"] = str(rank)
+    return World(rank, world.size, world.local_rank, world.local_size), dist.PrefixStore(f"{prefix}/pg", store)
 
 
 def shutdown() -> None:
