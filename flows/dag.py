@@ -21,6 +21,7 @@ class Stage:
     cmd: str
     deps: tuple[str, ...]
     outs: tuple[str, ...]  # outs, metrics and plots alike, as paths relative to the repository
+    uncached: tuple[str, ...]  # the outs with `cache: false`: git carries them, never a DVC remote
     upstream: frozenset[str]  # the stages whose outputs this one depends on
 
 
@@ -37,6 +38,7 @@ def load_stages(repo_dir: Path = Path(".")) -> dict[str, Stage]:
                 cmd=cmd,
                 deps=tuple(str(dep.def_path) for dep in stage.deps),
                 outs=tuple(str(out.def_path) for out in stage.outs),
+                uncached=tuple(str(out.def_path) for out in stage.outs if not out.use_cache),
                 upstream=frozenset(up.name for up in graph.successors(stage) if isinstance(up, PipelineStage)),
             )
     return {name: stages[name] for layer in layers(stages) for name in layer}

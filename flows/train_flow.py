@@ -10,13 +10,12 @@ and `dvc push` when a DVC remote is configured.
 
 from __future__ import annotations
 
-import sys
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger, runtime, task
 from prefect.futures import PrefectFuture, wait
+from prefect.states import Crashed, State
 from pydantic import Field
 
 from flows.artifacts import (
@@ -24,62 +23,19 @@ from flows.artifacts import (
     picture_paths,
     publish_comparison,
     publish_manifest,
-    publish_report,
     publish_why,
     stage_reports,
 )
 from flows.dag import load_stages
-from flows.explain import comparison_markdown, previous_completed_run, why_markdown, why_stage_runs
+from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
+from flows.placement import StageCrashed, check_placement, placed_stage
 from flows.shell import output, stage_env, stream
+from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, Params, load_params
 
 __all__ = ["StageFailed", "run_stage", "stage_env", "train_flow"]
-
-# DVC's own words for a stage it did not run (dvc/stage/__init__.py, dvc/stage/cache.py).
-OUTCOMES = {"didn't change, skipping": "unchanged", "is cached - skipping run": "restored from run cache"}
-
-
-class StageFailed(RuntimeError):
-    """A dvc command exited non-zero; the message names the stage and carries the tail of its log."""
-
-
-def dvc_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dvc", *args]
-
-
-@task(name="dvc-stage", task_run_name="{stage}", cache_policy=None)
-def run_stage(stage: str, repo_dir: str, report: str | None = None) -> dict[str, Any]:
-    """`dvc repro --single-item <stage>`, its output streamed into the Prefect log as it happens.
-
-    Returns {"outcome": what DVC did ("ran", "unchanged" or "restored from run cache"), "why": the reasons
-    DVC's status gave just before (flows/explain.py), [] when nothing had changed}. The stage's JSON report
-    (`report`, relative to the repo) becomes an artifact, also when the stage failed after writing it
-    (check_regression writes its verdict, then exits 1).
-    """
-    logger = get_run_logger()
-    repo = Path(repo_dir)
-    outcome = "ran"
-    try:
-        why = why_stage_runs(repo, stage)
-    except (RuntimeError, OSError, ValueError) as exc:  # the explanation is not worth failing the stage for
-        why = [f"(DVC status unavailable: {exc})"]
-    logger.info("why %s: %s", stage, "; ".join(why) or "nothing changed, DVC will skip it")
-
-    def log(line: str) -> None:
-        nonlocal outcome
-        outcome = next((name for words, name in OUTCOMES.items() if words in line), outcome)
-        logger.info("%s", line)
-
-    started = time.time()
-    result = stream(dvc_command("repro", "--single-item", stage), cwd=repo, log=log)
-    report_path = repo / report if report else None
-    if report_path and report_path.is_file() and (result.returncode == 0 or report_path.stat().st_mtime >= started):
-        publish_report(stage, report_path)
-    if result.returncode != 0:
-        raise StageFailed(f"stage {stage!r} failed with exit code {result.returncode}; last lines:\n{result.tail}")
-    return {"outcome": outcome, "why": why}
 
 
 @task(name="dvc-push", cache_policy=None)
@@ -145,26 +101,38 @@ def train_flow(
     retry_delay_seconds: Annotated[float, Field(ge=0)] = 10.0,
     push: bool = True,
     remote: str | None = None,
-) -> dict[str, str]:
+    placement: dict[str, str] | None = None,
+    git_remote: str = "origin",
+) -> dict[str, str] | State:
     """Run every stage of dvc.yaml, each as soon as its upstream stages are done; independent ones concurrently.
 
     Operational knobs only (hyperparameters live in params.yaml): `train_retries` reruns a failed
     train stage, which resumes from its checkpoint; `push`/`remote` choose where `dvc push` sends
-    the outputs at the end. Returns each stage's outcome.
+    the outputs at the end (and where a placed stage's inputs and outputs travel); `placement` maps a
+    stage to the work pool that runs it (flows/placement.py), through `git_remote`. Returns each
+    stage's outcome; Crashed when a placed stage's machine died.
     """
     logger = get_run_logger()
     repo = Path(repo_dir).resolve()
     params = load_params(repo / PARAMS_FILE)
     stages = load_stages(repo)
+    placement = placement or {}
+    check_placement(placement, stages)
     outcomes = {name: "not run" for name in stages}
     why: dict[str, list[str]] = {}
     reports = {name: str(path) for name, path in stage_reports(params.paths).items()}
     try:
         futures: dict[str, PrefectFuture[dict[str, Any]]] = {}
         for name, stage in stages.items():  # upstream stages come first
-            futures[name] = run_stage.with_options(
-                retries=train_retries if name == "train" else 0, retry_delay_seconds=retry_delay_seconds
-            ).submit(name, str(repo), reports.get(name), wait_for=[futures[up] for up in sorted(stage.upstream)])
+            options = {"retries": train_retries if name == "train" else 0, "retry_delay_seconds": retry_delay_seconds}
+            after = [futures[up] for up in sorted(stage.upstream)]
+            if name in placement:  # on another machine: a run of run-stage/<pool>, a subflow of this run
+                futures[name] = placed_stage.with_options(**options).submit(
+                    name, placement[name], str(repo), git_remote, remote, wait_for=after
+                )
+            else:
+                futures[name] = run_stage.with_options(**options).submit(name, str(repo), reports.get(name),
+                                                                         wait_for=after)  # fmt: skip
         wait(list(futures.values()))
         outcomes.update({name: _outcome(future) for name, future in futures.items()})
         why.update({name: reasons for name, future in futures.items() if (reasons := _why(future)) is not None})
@@ -174,6 +142,13 @@ def train_flow(
         if push:
             # after every stage, drawn so in the UI
             outcomes["dvc push"] = push_outputs.submit(str(repo), remote, wait_for=list(futures.values())).result()
+    except StageCrashed as exc:  # the placed stage's machine died: say Crashed, as its own run does
+        try:
+            record_run(repo, params, outcomes, why, "crashed")
+        except Exception:
+            logger.exception("could not write the run manifest")
+        logger.error("%s", exc)
+        return Crashed(message=str(exc))
     except BaseException:
         try:
             record_run(repo, params, outcomes, why, "failed")

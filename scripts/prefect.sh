@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # This project's local Prefect: scripts/prefect.sh server|pool|deploy|worker|stop|status
 #   server   start `prefect server start` on 127.0.0.1 in the background; wait until it answers
-#   pool     create the `local-process` work pool that prefect.yaml's deployments use
-#   deploy   `prefect deploy --all` (train-flow/prod, regression-flow/nightly) + the crash automation
-#   worker   start a worker on the pool in the background
+#   pool     create the work pools that prefect.yaml's deployments use (local-process, gpu)
+#   deploy   `prefect deploy --all` (train-flow/prod, run-stage/gpu, regression-flow/nightly) + the crash automation
+#   worker   start a worker on pool $POOL (default local-process) in the background, in this checkout
 #   run      run <flow>/<deployment> [-p key=value]: start a flow run, wait, print its final state and message
 #   stop     stop the worker (SIGINT: it ignores SIGTERM), then the server
 #   status   what is running, and where
@@ -12,7 +12,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/prefect-env.sh"
 cd "$IMAGEPIPE_ROOT"
 
-POOL=local-process # the work pool named in prefect.yaml
+POOL="${POOL:-local-process}" # the worker's pool; a placed stage's machine runs POOL=gpu
 PYTHON="$IMAGEPIPE_VENV/bin/python"
 mkdir -p "$PREFECT_HOME"
 
@@ -90,16 +90,19 @@ server)
   ;;
 pool)
   require_server
-  if prefect work-pool inspect "$POOL" >/dev/null 2>&1; then
-    echo "work pool $POOL exists"
-  else
-    prefect work-pool create "$POOL" --type process
-  fi
+  for pool in $("$PYTHON" -c 'import yaml; print(*sorted({d["work_pool"]["name"] for d in yaml.safe_load(open("prefect.yaml"))["deployments"]}))'); do
+    if prefect work-pool inspect "$pool" >/dev/null 2>&1; then
+      echo "work pool $pool exists"
+    else
+      prefect work-pool create "$pool" --type process
+    fi
+  done
   ;;
 deploy)
   require_server
   # PWD is what prefect.yaml's pull step records as the working directory of every run.
-  PWD="$IMAGEPIPE_ROOT" prefect --no-prompt deploy --all
+  # IMAGEPIPE_CHECKOUT stays unset, so run-stage's pull step resolves it on the worker, at run time.
+  PWD="$IMAGEPIPE_ROOT" env -u IMAGEPIPE_CHECKOUT prefect --no-prompt deploy --all
   "$PYTHON" -m flows.automations --within "$IMAGEPIPE_CRASH_AFTER_S"
   ;;
 worker)
@@ -108,6 +111,7 @@ worker)
     echo "a worker already runs (pid $pid)"
     exit 0
   fi
+  export IMAGEPIPE_CHECKOUT="$IMAGEPIPE_ROOT" # where run-stage runs (prefect.yaml's pull step)
   start_background worker prefect worker start --pool "$POOL" --type process
   wait_for worker 60 grep -q "started" "$PREFECT_HOME/worker.log"
   echo "worker on pool $POOL (pid $(cat "$PREFECT_HOME/worker.pid"); log: $PREFECT_HOME/worker.log)"

@@ -9,7 +9,6 @@ nightly deployment's cron schedule, and a planted worse model failing it with th
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import subprocess
 import time
@@ -17,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import yaml
 
@@ -28,6 +26,7 @@ from tests.helpers.prefect import (
     RULES,
     Production,
     free_port,
+    kill_worker_and_its_runs,
     prefect_env,
     worsen_onnx,
 )
@@ -55,17 +54,6 @@ def production(tmp_path: Path) -> Iterator[Production]:
         yield prod
     finally:
         prod.script("stop")
-
-
-def kill_worker_and_its_runs(home: Path) -> float:
-    """SIGKILL the worker and every process under it (flow run, dvc, train): the machine 'dies'."""
-    worker = psutil.Process(int((home / "worker.pid").read_text()))
-    victims = [worker, *worker.children(recursive=True)]
-    for proc in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(victims, timeout=30)
-    return time.time()
 
 
 def test_production_run_crash_resume_and_nightly(production: Production, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from uuid import UUID
 
 import numpy as np
 import onnx
+import psutil
 
 # The crash test's planted worse model is judged by its loss: a tiny model is near chance, so only
 # a loss rule tells a planted bad model from it reliably.
@@ -159,3 +160,14 @@ class Production:
     def run_and_watch(self, deployment: str) -> tuple[subprocess.CompletedProcess[str], Any]:
         proc = self.prefect("deployment", "run", deployment, "--watch")
         return proc, self.latest_run(deployment.split("/")[1])
+
+
+def kill_worker_and_its_runs(home: Path) -> float:
+    """SIGKILL the worker and every process under it (flow run, dvc, train): the machine 'dies'."""
+    worker = psutil.Process(int((home / "worker.pid").read_text()))
+    victims = [worker, *worker.children(recursive=True)]
+    for proc in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=30)
+    return time.time()

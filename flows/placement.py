@@ -1,0 +1,314 @@
+"""Placement: one stage of dvc.yaml on another machine, through a Prefect work pool of its own.
+
+train-flow's `placement` parameter (prefect.yaml) maps a stage to a work pool, say {train: gpu}. That
+stage then runs as a flow run of deployment `run-stage/<pool>`, a subflow of the train-flow run (the
+UI shows it under the stage's task), on a worker of that pool, in the worker's own checkout. The two
+machines share only a git remote and a DVC remote; dvc.yaml stays the one DAG:
+
+  train-flow (this machine)                       run-stage (the pool's machine, its own checkout)
+  dvc push <the stage's upstream stages>  -DVC->  git fetch; check out train-flow's commit;
+  send: the commit, dvc.lock, params.yaml           write dvc.lock and params.yaml as sent
+                                                  dvc pull <upstream stages>
+                                                  dvc repro --single-item <stage>   (DVC decides)
+                                                  dvc push <stage>
+  git fetch refs/imagepipe/stages/<run id> <-git- a commit of dvc.lock + the stage's `cache: false` outputs
+  take the stage's dvc.lock entry and those files, `dvc pull <stage>`: dvc.lock as one machine writes it
+
+When the stage is up to date here (DVC's status names no change), nothing is sent. A run-stage run that
+ends Crashed (its machine, worker or flow process died: the heartbeat automation says so) ends the
+train-flow run Crashed too, without a retry that would wait for a worker that is gone; retrying the
+train-flow run then resumes the stage from its checkpoint on that machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from dvc.utils.serialize import modify_yaml
+from prefect import flow, get_run_logger, runtime, task
+from prefect.deployments import run_deployment
+from prefect.exceptions import ObjectNotFound
+
+from flows.artifacts import stage_reports
+from flows.dag import Stage, load_stages
+from flows.explain import why_stage_runs
+from flows.shell import stream
+from flows.stage import StageFailed, dvc_command, run_stage
+from tasks.core.io import atomic_file
+from tasks.core.params import PARAMS_FILE, load_params
+
+__all__ = ["DEPLOYMENT", "StageCrashed", "check_placement", "placed_stage", "run_stage_flow"]
+
+DEPLOYMENT = "run-stage/{pool}"  # the deployment that runs a placed stage on `pool` (prefect.yaml)
+REFS = "refs/imagepipe/stages"  # where a placed run leaves its dvc.lock and uncached outputs in git
+SENT = ("dvc.lock", "params.yaml")  # what train-flow sends along with the commit
+
+
+class PlacementError(StageFailed):
+    """A placed stage cannot be sent or taken back; the message says what to do."""
+
+
+class StageCrashed(StageFailed):
+    """The run-stage flow run of a placed stage ended Crashed: its machine, worker or flow process died."""
+
+
+def check_placement(placement: dict[str, str], stages: dict[str, Stage]) -> None:
+    for stage, pool in placement.items():
+        if stage not in stages:
+            raise ValueError(f"placement names stage {stage!r}, which dvc.yaml does not have ({', '.join(stages)})")
+        if not pool or not isinstance(pool, str):
+            raise ValueError(f"placement of stage {stage!r}: {pool!r} is not a work pool name")
+
+
+# -- git ----------------------------------------------------------------------------------------
+
+
+def git(repo: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    return git_bytes(repo, *args, env=env).decode().strip()
+
+
+def git_bytes(repo: Path, *args: str, env: dict[str, str] | None = None) -> bytes:
+    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, env=env)
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-500:]
+        raise PlacementError(f"`git {' '.join(args)}` in {repo} failed: {said}")
+    return proc.stdout
+
+
+def changed_files(repo: Path) -> list[str]:
+    """Tracked files that differ from HEAD (staged or not)."""
+    out = git_bytes(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z").decode()
+    return [entry[3:] for entry in out.split("\0") if entry]  # "XY path"
+
+
+def written_by_runs(repo: Path, stages: dict[str, Stage]) -> set[str]:
+    """What a pipeline run itself changes in a checkout: dvc.lock, the uncached outputs, params.yaml
+    (`dvc exp run -S`), the .gitignore files DVC keeps for the cached ones, and train-flow's manifest."""
+    outs = {path for stage in stages.values() for path in stage.uncached}
+    ignores = {str(Path(path).parent / ".gitignore") for stage in stages.values() for path in stage.outs}
+    manifest = str(load_params(repo / PARAMS_FILE).paths.run_manifest)
+    return {*SENT, *outs, *ignores, ".gitignore", manifest}
+
+
+# -- this machine: send the stage, take it back --------------------------------------------------
+
+
+def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
+    commit = git(repo, "rev-parse", "HEAD")
+    stages = load_stages(repo)
+    unsent = sorted(set(changed_files(repo)) - written_by_runs(repo, stages))
+    if unsent:
+        raise PlacementError(
+            f"uncommitted changes to {', '.join(unsent[:5])}: the {pool} machine runs commit {commit[:12]}, "
+            "so commit and `git push` them first"
+        )
+    git(repo, "fetch", "--quiet", git_remote)
+    if not git(repo, "branch", "--remotes", "--contains", commit, "--list", f"{git_remote}/*"):
+        raise PlacementError(
+            f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it first; "
+            f"the {pool} machine checks it out from there"
+        )
+    return commit
+
+
+def _dvc(repo: Path, *args: str, remote: str | None, log: Any) -> None:
+    command = dvc_command(*args[:1], *(["--remote", remote] if remote else []), *args[1:])
+    result = stream(command, cwd=repo, log=log)
+    if result.returncode != 0:
+        raise StageFailed(f"`dvc {' '.join(args)}` failed with exit code {result.returncode}:\n{result.tail}")
+
+
+def _warn_if_nobody_serves(pool: str) -> None:
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            workers = client.read_workers_for_work_pool(pool)
+    except ObjectNotFound:
+        raise PlacementError(
+            f"work pool {pool!r} does not exist: `prefect work-pool create {pool} --type process`"
+        ) from None
+    except Exception:  # only a hint; the run itself says what is wrong
+        return
+    if not any(worker.status == "ONLINE" for worker in workers):
+        get_run_logger().warning(
+            "no worker of pool %r is online: the stage waits until one starts "
+            "(on that machine, in its checkout: `make prefect-worker POOL=%s`)", pool, pool,
+        )  # fmt: skip
+
+
+def _not_crashed(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a placed stage that failed, not one whose machine died: a new run would wait for a worker
+    that is gone, and the train-flow run would stay Running instead of saying Crashed."""
+    return not isinstance(state.result(raise_on_failure=False), StageCrashed)
+
+
+@task(name="dvc-stage-placed", task_run_name="{stage}", cache_policy=None, retry_condition_fn=_not_crashed)
+def placed_stage(
+    stage: str, pool: str, repo_dir: str, git_remote: str = "origin", dvc_remote: str | None = None
+) -> dict[str, Any]:
+    """Run `stage` on a worker of `pool` (deployment run-stage/<pool>) and take its outputs back here.
+    Returns what run_stage returns, plus where it ran."""
+    logger = get_run_logger()
+    repo = Path(repo_dir)
+    try:
+        why = why_stage_runs(repo, stage)
+    except (RuntimeError, OSError, ValueError) as exc:
+        why = [f"(DVC status unavailable: {exc})"]
+    if not why:
+        logger.info("why %s: nothing changed, DVC would skip it; not sent to pool %s", stage, pool)
+        return {"outcome": "unchanged", "why": [], "pool": pool}
+    logger.info("why %s: %s; sending it to pool %s", stage, "; ".join(why), pool)
+    stages = load_stages(repo)
+    commit = _commit_on_remote(repo, git_remote, pool)
+    upstream = sorted(stages[stage].upstream)
+    if upstream:  # its inputs, for the other machine's `dvc pull`
+        _dvc(repo, "push", *upstream, remote=dvc_remote, log=logger.info)
+    files = {name: (repo / name).read_text() for name in SENT if (repo / name).is_file()}
+    deployment = DEPLOYMENT.format(pool=pool)
+    _warn_if_nobody_serves(pool)
+    try:
+        child = run_deployment(
+            deployment, timeout=None, as_subflow=True,
+            parameters={"stage": stage, "commit": commit, "files": files, "git_remote": git_remote,
+                        "dvc_remote": dvc_remote},
+        )  # fmt: skip
+    except ObjectNotFound:
+        raise PlacementError(
+            f"placement puts {stage} on pool {pool}, but there is no deployment {deployment}: add one to "
+            "prefect.yaml (like run-stage/gpu) and `make prefect-deploy`"
+        ) from None
+    state = child.state
+    where = f"{stage} on pool {pool} (flow run {child.name} of {deployment})"
+    if state is not None and state.is_crashed():
+        raise StageCrashed(
+            f"{where} crashed: {state.message or 'its process died'}. Retry this train-flow run once a worker of "
+            f"pool {pool} runs again: the stage resumes from its checkpoint on that machine"
+        )
+    if state is None or not state.is_completed():
+        name = state.name if state else "unknown"
+        raise StageFailed(f"{where} ended {name}: {state.message if state else ''} (its log has the details)")
+    return {**take_back(repo, stage, stages[stage], child.id, git_remote, dvc_remote), "pool": pool}
+
+
+def take_back(
+    repo: Path, stage: str, spec: Stage, run_id: Any, git_remote: str, dvc_remote: str | None
+) -> dict[str, Any]:
+    """The placed run's dvc.lock entry and uncached outputs from its git ref, its cached outputs from
+    the DVC remote: afterwards this checkout is as if the stage had run here."""
+    logger = get_run_logger()
+    ref = f"{REFS}/{run_id}"
+    git(repo, "fetch", "--quiet", git_remote, ref)
+    sha = git(repo, "rev-parse", "FETCH_HEAD")
+    message = git(repo, "log", "-1", "--format=%B", sha)
+    result = json.loads(message.split("\n\n", 1)[1])
+    entry = yaml.safe_load(git_bytes(repo, "show", f"{sha}:dvc.lock"))["stages"][stage]
+    for path in spec.uncached:
+        with atomic_file(repo / path) as handle:
+            handle.write(git_bytes(repo, "show", f"{sha}:{path}"))
+    with modify_yaml(str(repo / "dvc.lock")) as lock:  # DVC's own YAML round trip, as its Lockfile.dump
+        lock.setdefault("schema", "2.0")
+        lock.setdefault("stages", {})[stage] = entry
+    _dvc(repo, "pull", stage, remote=dvc_remote, log=logger.info)
+    for path in sorted(set(spec.outs) - set(spec.uncached)):
+        _ignore(repo, path)
+    try:
+        git(repo, "push", "--quiet", git_remote, f":{ref}")  # taken: the ref has done its job
+    except PlacementError as exc:
+        logger.warning("could not delete %s on %s: %s", ref, git_remote, exc)
+    logger.info("%s: %s on %s; dvc.lock entry, %d uncached output(s) and the cached ones taken back",
+                stage, result["outcome"], result["host"], len(spec.uncached))  # fmt: skip
+    return {"outcome": result["outcome"], "why": result["why"], "host": result["host"]}
+
+
+def _ignore(repo: Path, path: str) -> None:
+    """The line DVC's own run would have added to the .gitignore beside a cached output (`dvc pull`
+    does not), so git never sees models/model.pt as a file to add."""
+    gitignore = repo / Path(path).parent / ".gitignore"
+    entry = f"/{Path(path).name}"
+    lines = gitignore.read_text().splitlines() if gitignore.is_file() else []
+    if entry not in lines:
+        gitignore.write_text("".join(f"{line}\n" for line in [*lines, entry]))
+
+
+# -- the pool's machine: the run-stage flow --------------------------------------------------------
+
+
+def _check_out(repo: Path, commit: str, git_remote: str) -> None:
+    """This worker's checkout at `commit`. What earlier runs wrote goes; anything else changed stops it."""
+    mine = sorted(set(changed_files(repo)) - written_by_runs(repo, load_stages(repo)))
+    if mine:
+        raise PlacementError(
+            f"the checkout {repo} has local changes to {', '.join(mine[:5])}: it belongs to the worker of this "
+            "pool, which checks out each run's commit; commit or move them away"
+        )
+    git(repo, "fetch", "--quiet", git_remote)
+    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo).returncode != 0:
+        raise PlacementError(f"commit {commit[:12]} is not on git remote {git_remote!r} (fetched into {repo})")
+    git(repo, "checkout", "--quiet", "--force", "--detach", commit)
+
+
+def _ship(repo: Path, stage: str, spec: Stage, ref: str, git_remote: str, result: dict[str, Any]) -> str:
+    """A commit of dvc.lock and the stage's uncached outputs on top of the run's commit, pushed to `ref`,
+    made with a temporary index: this checkout's HEAD, index and branches stay as they are."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        if not _has_config(repo, "user.email"):  # a worker's clone may have no git identity
+            env.update(GIT_AUTHOR_NAME="imagepipe run-stage", GIT_AUTHOR_EMAIL=f"run-stage@{socket.gethostname()}")
+            env.update(GIT_COMMITTER_NAME=env["GIT_AUTHOR_NAME"], GIT_COMMITTER_EMAIL=env["GIT_AUTHOR_EMAIL"])
+        git(repo, "read-tree", "HEAD", env=env)
+        git(repo, "add", "--force", "dvc.lock", *spec.uncached, env=env)
+        tree = git(repo, "write-tree", env=env)
+        message = f"{stage} ran on {result['host']}: {result['outcome']}\n\n{json.dumps(result, sort_keys=True)}"
+        sha = git(repo, "commit-tree", tree, "-p", "HEAD", "-m", message, env=env)
+    git(repo, "push", "--quiet", "--force", git_remote, f"{sha}:{ref}")
+    return sha
+
+
+def _has_config(repo: Path, key: str) -> bool:
+    return subprocess.run(["git", "config", key], cwd=repo, capture_output=True).returncode == 0
+
+
+@flow(name="run-stage", log_prints=True)
+def run_stage_flow(
+    stage: str,
+    commit: str,
+    files: dict[str, str],
+    git_remote: str = "origin",
+    dvc_remote: str | None = None,
+    repo_dir: str = ".",
+) -> dict[str, Any]:
+    """One stage of train-flow on this pool's machine (started by train-flow's placement, not by hand):
+    check out `commit`, write `files` (dvc.lock, params.yaml), pull the stage's inputs, run it through
+    DVC, push its outputs, and leave its dvc.lock entry and uncached outputs at refs/imagepipe/stages/<run id>."""
+    logger = get_run_logger()
+    repo = Path(repo_dir).resolve()
+    unknown = sorted(set(files) - set(SENT))
+    if unknown:
+        raise PlacementError(f"run-stage takes only {', '.join(SENT)}, not {', '.join(unknown)}")
+    _check_out(repo, commit, git_remote)
+    for name, text in files.items():
+        with atomic_file(repo / name) as handle:
+            handle.write(text.encode())
+    stages = load_stages(repo)
+    if stage not in stages:
+        raise PlacementError(f"dvc.yaml of commit {commit[:12]} has no stage {stage!r}")
+    upstream = sorted(stages[stage].upstream)
+    if upstream:
+        _dvc(repo, "pull", *upstream, remote=dvc_remote, log=logger.info)
+    report = stage_reports(load_params(repo / PARAMS_FILE).paths).get(stage)
+    done = run_stage(stage, str(repo), str(report) if report else None)
+    _dvc(repo, "push", stage, remote=dvc_remote, log=logger.info)
+    result = {**done, "host": socket.gethostname(), "commit": commit}
+    ref = f"{REFS}/{runtime.flow_run.id}"
+    sha = _ship(repo, stage, stages[stage], ref, git_remote, result)
+    logger.info("%s: %s; outputs pushed to the DVC remote, dvc.lock entry at %s (%s)", stage, done["outcome"],
+                ref, sha[:12])  # fmt: skip
+    return result
