@@ -39,7 +39,7 @@ from prefect.exceptions import ObjectNotFound
 from flows.artifacts import stage_reports
 from flows.dag import Stage, load_stages
 from flows.explain import why_stage_runs
-from flows.shell import stream
+from flows.shell import output, stream
 from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import atomic_file
 from tasks.core.params import PARAMS_FILE, load_params
@@ -167,6 +167,11 @@ def placed_stage(
         return {"outcome": "unchanged", "why": [], "pool": pool}
     logger.info("why %s: %s; sending it to pool %s", stage, "; ".join(why), pool)
     stages = load_stages(repo)
+    if not output(dvc_command("remote", "list"), cwd=repo):
+        raise PlacementError(
+            f"placing {stage} on pool {pool} needs a DVC remote that both machines reach: "
+            "`dvc remote add -d storage <url>`, committed in .dvc/config"
+        )
     commit = _commit_on_remote(repo, git_remote, pool)
     upstream = sorted(stages[stage].upstream)
     if upstream:  # its inputs, for the other machine's `dvc pull`

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from flows.dag import load_stages
-from flows.placement import PlacementError, _commit_on_remote, changed_files, check_placement, written_by_runs
+from flows.placement import (
+    PlacementError,
+    _commit_on_remote,
+    changed_files,
+    check_placement,
+    placed_stage,
+    written_by_runs,
+)
 from tests.helpers.project import commit, make_project, sh
 
 
@@ -21,6 +28,13 @@ def pushed(tmp_path: Path) -> Path:
     sh(["git", "remote", "add", "origin", str(tmp_path / "remote.git")], cwd=repo)
     sh(["git", "push", "-q", "origin", "HEAD:main"], cwd=repo)
     return repo
+
+
+def test_a_placed_stage_needs_a_dvc_remote(pushed: Path) -> None:
+    from prefect.logging import disable_run_logger
+
+    with disable_run_logger(), pytest.raises(PlacementError, match="needs a DVC remote that both machines reach"):
+        placed_stage.fn("train", "gpu", str(pushed))
 
 
 def test_placement_names_only_stages_of_dvc_yaml(pushed: Path) -> None:
