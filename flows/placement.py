@@ -22,15 +22,18 @@ train-flow run then resumes the stage from its checkpoint on that machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from dvc.repo import Repo
 from dvc.utils.serialize import modify_yaml
 from prefect import flow, get_run_logger, runtime, task
 from prefect.deployments import run_deployment
@@ -57,6 +60,10 @@ class PlacementError(StageFailed):
 
 class StageCrashed(StageFailed):
     """The run-stage flow run of a placed stage ended Crashed: its machine, worker or flow process died."""
+
+
+class StageCancelled(StageFailed):
+    """Someone cancelled the run-stage flow run of a placed stage: not retried."""
 
 
 def check_placement(placement: dict[str, str], stages: dict[str, Stage]) -> None:
@@ -100,6 +107,20 @@ def written_by_runs(repo: Path, stages: dict[str, Stage]) -> set[str]:
 # -- this machine: send the stage, take it back --------------------------------------------------
 
 
+def _check_inputs(repo: Path, stage: str, stages: dict[str, Stage]) -> None:
+    """What reaches the other machine: the commit's files (git) and the cached outputs of upstream stages
+    (the DVC remote). A stage that reads anything else (an uncached output such as reports/export.json,
+    a `dvc add`ed folder such as baseline/) cannot be placed yet: refuse rather than run on stale copies."""
+    cached = {path for up in stages[stage].upstream for path in set(stages[up].outs) - set(stages[up].uncached)}
+    tracked = set(git(repo, "ls-files", "-z").split("\0")) - (written_by_runs(repo, stages) - {"params.yaml"})
+    for dep in stages[stage].deps:
+        if dep not in tracked and dep not in cached:
+            raise PlacementError(
+                f"{stage} cannot be placed: it reads {dep}, which is neither a file of the commit nor a cached "
+                "output of an upstream stage, so it would not reach the other machine"
+            )
+
+
 def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
     commit = git(repo, "rev-parse", "HEAD")
     stages = load_stages(repo)
@@ -131,11 +152,11 @@ def _warn_if_nobody_serves(pool: str) -> None:
     try:
         with get_client(sync_client=True) as client:
             workers = client.read_workers_for_work_pool(pool)
-    except ObjectNotFound:
-        raise PlacementError(
-            f"work pool {pool!r} does not exist: `prefect work-pool create {pool} --type process`"
-        ) from None
-    except Exception:  # only a hint; the run itself says what is wrong
+    except Exception as exc:  # only a hint; the run itself says what is wrong
+        if isinstance(exc, ObjectNotFound) or getattr(getattr(exc, "response", None), "status_code", None) == 404:
+            raise PlacementError(
+                f"work pool {pool!r} does not exist: `prefect work-pool create {pool} --type process`"
+            ) from None
         return
     if not any(worker.status == "ONLINE" for worker in workers):
         get_run_logger().warning(
@@ -147,7 +168,7 @@ def _warn_if_nobody_serves(pool: str) -> None:
 def _not_crashed(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a placed stage that failed, not one whose machine died: a new run would wait for a worker
     that is gone, and the train-flow run would stay Running instead of saying Crashed."""
-    return not isinstance(state.result(raise_on_failure=False), StageCrashed)
+    return not isinstance(state.result(raise_on_failure=False), StageCrashed | StageCancelled)
 
 
 @task(name="dvc-stage-placed", task_run_name="{stage}", cache_policy=None, retry_condition_fn=_not_crashed)
@@ -172,11 +193,13 @@ def placed_stage(
             f"placing {stage} on pool {pool} needs a DVC remote that both machines reach: "
             "`dvc remote add -d storage <url>`, committed in .dvc/config"
         )
+    _check_inputs(repo, stage, stages)
     commit = _commit_on_remote(repo, git_remote, pool)
     upstream = sorted(stages[stage].upstream)
     if upstream:  # its inputs, for the other machine's `dvc pull`
         _dvc(repo, "push", *upstream, remote=dvc_remote, log=logger.info)
-    files = {name: (repo / name).read_text() for name in SENT if (repo / name).is_file()}
+    with dvc_lock(repo):  # a stage running here may be writing dvc.lock right now
+        files = {name: (repo / name).read_text() for name in SENT if (repo / name).is_file()}
     deployment = DEPLOYMENT.format(pool=pool)
     _warn_if_nobody_serves(pool)
     try:
@@ -197,6 +220,8 @@ def placed_stage(
             f"{where} crashed: {state.message or 'its process died'}. Retry this train-flow run once a worker of "
             f"pool {pool} runs again: the stage resumes from its checkpoint on that machine"
         )
+    if state is not None and state.is_cancelled():
+        raise StageCancelled(f"{where} was cancelled: {state.message or ''}")
     if state is None or not state.is_completed():
         name = state.name if state else "unknown"
         raise StageFailed(f"{where} ended {name}: {state.message if state else ''} (its log has the details)")
@@ -210,15 +235,15 @@ def take_back(
     the DVC remote: afterwards this checkout is as if the stage had run here."""
     logger = get_run_logger()
     ref = f"{REFS}/{run_id}"
-    git(repo, "fetch", "--quiet", git_remote, ref)
-    sha = git(repo, "rev-parse", "FETCH_HEAD")
+    git(repo, "fetch", "--quiet", git_remote, f"+{ref}:{ref}")  # its own ref: FETCH_HEAD is shared by fetches
+    sha = git(repo, "rev-parse", ref)
     message = git(repo, "log", "-1", "--format=%B", sha)
     result = json.loads(message.split("\n\n", 1)[1])
     entry = yaml.safe_load(git_bytes(repo, "show", f"{sha}:dvc.lock"))["stages"][stage]
     for path in spec.uncached:
         with atomic_file(repo / path) as handle:
             handle.write(git_bytes(repo, "show", f"{sha}:{path}"))
-    with modify_yaml(str(repo / "dvc.lock")) as lock:  # DVC's own YAML round trip, as its Lockfile.dump
+    with dvc_lock(repo), modify_yaml(str(repo / "dvc.lock")) as lock:  # DVC's round trip, as Lockfile.dump
         lock.setdefault("schema", "2.0")
         lock.setdefault("stages", {})[stage] = entry
     _dvc(repo, "pull", stage, remote=dvc_remote, log=logger.info)
@@ -226,11 +251,19 @@ def take_back(
         _ignore(repo, path)
     try:
         git(repo, "push", "--quiet", git_remote, f":{ref}")  # taken: the ref has done its job
+        git(repo, "update-ref", "-d", ref)
     except PlacementError as exc:
-        logger.warning("could not delete %s on %s: %s", ref, git_remote, exc)
+        logger.warning("could not delete %s: %s", ref, exc)
     logger.info("%s: %s on %s; dvc.lock entry, %d uncached output(s) and the cached ones taken back",
                 stage, result["outcome"], result["host"], len(spec.uncached))  # fmt: skip
     return {"outcome": result["outcome"], "why": result["why"], "host": result["host"]}
+
+
+@contextlib.contextmanager
+def dvc_lock(repo: Path) -> Iterator[None]:
+    """DVC's repository lock, which `dvc repro` holds while it writes dvc.lock (not while a stage runs)."""
+    with Repo(str(repo), _wait_for_lock=True) as dvc_repo, dvc_repo.lock:  # = dvc --wait-for-lock
+        yield
 
 
 def _ignore(repo: Path, path: str) -> None:

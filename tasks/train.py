@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import logging
 import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,20 +126,24 @@ def run(
         device = distributed.resolve_device(params.device, world)
     except RuntimeError as exc:
         raise StageError(str(exc)) from None
+    started = False  # a collective that fails before this is a set-up problem, not a lost rank
     try:
         world = distributed.init(world, device)  # on several nodes the ranks are renumbered: head first
         if not world.is_main:  # one voice: the other ranks report only warnings and errors
             logging.getLogger().setLevel(logging.WARNING)
         _same_on_every_rank(provenance, world)
+        _checkpoints_shared(outputs.checkpoints, world)
+        started = True
         return _train(params, seed, outputs, provenance, world, device, hooks or hooks_from_env())
     except RuntimeError as exc:  # gloo says "Connection reset by peer" as a RuntimeError, nccl as a DistError
-        if not (world.is_distributed and _lost_peer(exc)):
+        if not (started and world.is_distributed and _lost_peer(exc)):
             raise
+        said = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        rerun = ("on the head `dvc repro train`, on the others `make train-join`" if distributed.nodes() > 1
+                 else "`dvc repro train`")  # fmt: skip
         raise StageError(
-            f"lost contact with another rank ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}); "
-            "the job stops on every node. Rerun it (on the head `dvc repro train`, on the others "
-            f"`make train-join`): it resumes from the last checkpoint every rank reached, in "
-            f"{outputs.checkpoints} (which must be one folder every node sees)"
+            f"lost contact with another rank ({said}); the job stops on every rank. Rerun it ({rerun}): it resumes "
+            f"from the last checkpoint every rank reached, in {outputs.checkpoints}"
         ) from None
     finally:
         distributed.shutdown()
@@ -149,15 +154,25 @@ def _lost_peer(exc: RuntimeError) -> bool:
     return isinstance(exc, torch.distributed.DistError) or "/gloo/transport/" in str(exc)
 
 
+def _code_sha256() -> str:
+    """The tasks/ package's Python files: what every rank runs."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _same_on_every_rank(provenance: dict[str, str], world: distributed.World) -> None:
-    """Every rank must train from the same params, seed and shards: a node on another commit or with other
-    data would silently train something else. Named by host and folder, so the odd node is found."""
+    """Every rank must train with the same code, params, seed and shards: a node on another commit or with
+    other data would silently train something else. Named by host and folder, so the odd node is found."""
     if not world.is_distributed:
         return
-    mine = {"host": socket.gethostname(), "folder": str(Path.cwd()), **provenance}
+    compared = {**provenance, "code (tasks/) sha256": _code_sha256()}
+    mine = {"host": socket.gethostname(), "folder": str(Path.cwd()), **compared}
     everyone = distributed.all_gather_objects(mine)
     for rank, theirs in enumerate(everyone):
-        differ = [key for key in provenance if theirs[key] != everyone[0][key]]
+        differ = [key for key in compared if theirs[key] != everyone[0][key]]
         if differ:
             raise StageError(
                 f"rank {rank} ({theirs['host']}:{theirs['folder']}) has other {', '.join(differ)} than rank 0 "
@@ -240,6 +255,29 @@ def _train(
                      folder, params.keep_checkpoint_runs)  # fmt: skip
     return TrainResult(out.model, progress.history[-1]["val_accuracy"], int(params.epochs),
                        profile["images_per_second"], resumed_from, checkpointer.directory)  # fmt: skip
+
+
+def _checkpoints_shared(folder: Path, world: distributed.World) -> None:
+    """On several nodes, paths.checkpoints must be one folder: rank 0 writes a marker there, and every
+    rank must see it. Checked at the start, so a fresh run fails now rather than its resume later."""
+    if not world.is_distributed or distributed.nodes() == 1:
+        return
+    marker = folder / f".shared-{distributed.all_gather_objects(uuid.uuid4().hex)[0]}"
+    if world.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(socket.gethostname())
+    distributed.barrier()
+    seen = distributed.all_gather_objects((socket.gethostname(), marker.is_file()))
+    distributed.barrier()
+    if world.is_main:
+        marker.unlink(missing_ok=True)
+    blind = [(rank, host) for rank, (host, ok) in enumerate(seen) if not ok]
+    if blind:
+        rank, host = blind[0]
+        raise StageError(
+            f"rank {rank} ({host}) does not see {marker.name}, which rank 0 ({seen[0][0]}) just wrote in {folder}: "
+            "paths.checkpoints must be one folder that every node sees (shared storage: NFS, a cluster file system)"
+        )
 
 
 def _same_checkpoint_on_every_rank(

@@ -52,6 +52,11 @@ HEAD_ENV = "IMAGEPIPE_TRAIN_HEAD"  # "1" in the ranks of the head node (set by i
 RDZV_ID = "imagepipe-train"
 
 
+def nodes() -> int:
+    """How many nodes torchrun's rendezvous joined (1 without torchrun)."""
+    return int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+
+
 def needs_launch(nproc_per_node: int, nnodes: int = 1) -> bool:
     """True in the user's own process when more than one is asked for and torchrun has not started us."""
     return (nproc_per_node > 1 or nnodes > 1) and "RANK" not in os.environ
@@ -98,7 +103,7 @@ def init(world: World, device: torch.device) -> World:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         options["device_id"] = device
-    if int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1:  # torchrun: more than one node
+    if nodes() > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # the agents' store to meet in
         world, store = _head_first(world)
         options.update(store=store, rank=world.rank, world_size=world.size)
     dist.init_process_group(backend, **options)

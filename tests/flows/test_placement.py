@@ -10,6 +10,7 @@ import pytest
 from flows.dag import load_stages
 from flows.placement import (
     PlacementError,
+    _check_inputs,
     _commit_on_remote,
     changed_files,
     check_placement,
@@ -35,6 +36,14 @@ def test_a_placed_stage_needs_a_dvc_remote(pushed: Path) -> None:
 
     with disable_run_logger(), pytest.raises(PlacementError, match="needs a DVC remote that both machines reach"):
         placed_stage.fn("train", "gpu", str(pushed))
+
+
+def test_only_stages_whose_inputs_travel_can_be_placed(pushed: Path) -> None:
+    stages = load_stages(pushed)
+    for stage in ("preprocess", "train", "evaluate", "export"):  # the commit's files and upstream cached outputs
+        _check_inputs(pushed, stage, stages)
+    with pytest.raises(PlacementError, match=r"check_regression cannot be placed: it reads reports/export.json"):
+        _check_inputs(pushed, "check_regression", stages)
 
 
 def test_placement_names_only_stages_of_dvc_yaml(pushed: Path) -> None:
