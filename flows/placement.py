@@ -104,6 +104,11 @@ def written_by_runs(repo: Path, stages: dict[str, Stage]) -> set[str]:
     return {*SENT, *outs, *ignores, ".gitignore", manifest}
 
 
+def changed_by_hand(repo: Path, stages: dict[str, Stage]) -> list[str]:
+    """Tracked files that differ from HEAD for another reason than a run writing them."""
+    return sorted(set(changed_files(repo)) - written_by_runs(repo, stages))
+
+
 # -- this machine: send the stage, take it back --------------------------------------------------
 
 
@@ -124,7 +129,7 @@ def _check_inputs(repo: Path, stage: str, stages: dict[str, Stage]) -> None:
 def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
     commit = git(repo, "rev-parse", "HEAD")
     stages = load_stages(repo)
-    unsent = sorted(set(changed_files(repo)) - written_by_runs(repo, stages))
+    unsent = changed_by_hand(repo, stages)
     if unsent:
         raise PlacementError(
             f"uncommitted changes to {', '.join(unsent[:5])}: the {pool} machine runs commit {commit[:12]}, "
@@ -281,7 +286,7 @@ def _ignore(repo: Path, path: str) -> None:
 
 def _check_out(repo: Path, commit: str, git_remote: str) -> None:
     """This worker's checkout at `commit`. What earlier runs wrote goes; anything else changed stops it."""
-    mine = sorted(set(changed_files(repo)) - written_by_runs(repo, load_stages(repo)))
+    mine = changed_by_hand(repo, load_stages(repo))
     if mine:
         raise PlacementError(
             f"the checkout {repo} has local changes to {', '.join(mine[:5])}: it belongs to the worker of this "

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from tests.helpers.faults import fault_env
+from tests.helpers.folders import make_imagefolder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +114,12 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
     dvc("init", "-q", cwd=dest)
     dvc("config", "core.analytics", "false", cwd=dest)
     return dest
+
+
+def preprocessed_project(root: Path, train: dict[str, Any]) -> Path:
+    """A project on a drawn 3-class folder of 40 images per class (told apart by colour), its shards made,
+    with `train` params: the starting point of the DDP and multi-node tests."""
+    source = make_imagefolder(root / "images", classes=3, per_class=40)
+    repo = make_project(root / "repo", {"data": {"source": str(source)}, "train": train})
+    dvc("repro", "preprocess", cwd=repo)
+    return repo

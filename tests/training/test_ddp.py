@@ -15,20 +15,15 @@ import torch
 import yaml
 
 from tasks.core.io import read_json
-from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import dvc, env_with_venv, make_project, run_train
+from tests.helpers.project import env_with_venv, preprocessed_project, run_train
 
-# Classes told apart by colour: both runs should learn them, so their accuracies are comparable.
+# Both runs should learn the colour classes of preprocessed_project, so their accuracies are comparable.
 TRAIN = {"arch": "resnet18", "epochs": 3, "batch_size": 16, "optimizer": "adamw", "lr": 0.001, "threads": 1}
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ddp")
-    source = make_imagefolder(root / "images", classes=3, per_class=40)
-    repo = make_project(root / "repo", {"data": {"source": str(source)}, "train": TRAIN})
-    dvc("repro", "preprocess", cwd=repo)
-    return repo
+    return preprocessed_project(tmp_path_factory.mktemp("ddp"), TRAIN)
 
 
 def configured_copy(prepared: Path, dest: Path, **train: Any) -> Path:

@@ -21,9 +21,8 @@ import yaml
 
 from tasks.core.io import read_json
 from tests.helpers.faults import fault_env
-from tests.helpers.folders import make_imagefolder
 from tests.helpers.prefect import free_port
-from tests.helpers.project import dvc, env_with_venv, make_command, make_project
+from tests.helpers.project import dvc, env_with_venv, make_command, preprocessed_project
 
 pytestmark = pytest.mark.slow
 
@@ -35,11 +34,7 @@ TRAIN = {"arch": "mobilenet_v3_small", "epochs": 2, "batch_size": 16, "optimizer
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("multinode")
-    source = make_imagefolder(root / "images", classes=3, per_class=40)
-    repo = make_project(root / "repo", {"data": {"source": str(source)}, "train": TRAIN})
-    dvc("repro", "preprocess", cwd=repo)
-    return repo
+    return preprocessed_project(tmp_path_factory.mktemp("multinode"), TRAIN)
 
 
 def configure(repo: Path, **update: Any) -> Path:
