@@ -21,6 +21,7 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, dumps_json
 from tasks.core.params import Params, PreprocessParams, derive_seed
+from tasks.images.aspect import Aspect, choose_resize
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import (
     FORMAT_VERSION,
@@ -45,6 +46,7 @@ from tasks.images.validation import (
     discover,
     fixed_test_folder,
     hash_file,
+    probe_shape,
     worker_init,
 )
 from tasks.images.workpool import isolated_map
@@ -91,20 +93,25 @@ def _bar(items: Any, total: int, desc: str) -> Any:
 
 
 def run(
-    params: PreprocessParams, *, seed: int, source: Path, out_dir: Path, test_source: Path | None = None
-) -> PreprocessResult:
+    params: PreprocessParams, *, seed: int, source: Path, out_dir: Path, test_source: Path | None = None,
+    centred: bool = False,
+) -> PreprocessResult:  # fmt: skip
+    """`centred`: every subject of `source` is known to lie in the image's central square (the embedded default
+    data, tasks/images/synth.py draws it so): `resize: auto` then crops whatever the aspect ratios."""
     source = Path(source)
     test_source = Path(test_source) if test_source is not None else None
     class_names, candidates, hashes, ignored, roots = _collect(source, test_source)
+    _hash_same_size(params.workers, roots, candidates, hashes)
+    todo = plan(candidates, hashes, class_names)
+    resize = _choose_resize(params, roots, todo, centred)
     spec = PreprocessSpec(
         image_size=params.image_size,
+        resize=resize["mode"],
         interpolation=params.interpolation,
         mean=params.mean,
         std=params.std,
         class_names=class_names,
     )
-    _hash_same_size(params.workers, roots, candidates, hashes)
-    todo = plan(candidates, hashes, class_names)
     split_seed = derive_seed(seed, "preprocess")
     with atomic_dir(out_dir) as tmp:
         writers = {
@@ -112,9 +119,10 @@ def run(
             for split in SPLITS
         }
         sizes = {(item.root, item.path): hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
-        files, quarantined = _decode_and_write(
+        files, quarantined, shapes = _decode_and_write(
             params, spec, roots, todo, sizes, writers, split_seed, test_source is not None
         )
+        resize["aspect_ratios"] = Aspect.of(shapes).to_json()  # of the accepted images, as decoded
         shards = {split: writer.close() for split, writer in writers.items()}
         quarantined.extend(todo.refused)
         quarantined.sort(key=lambda q: (q["root"], q["path"]))
@@ -130,13 +138,35 @@ def run(
         split_counts = {split: len(labels[split]) for split in SPLITS}
         _check_usable(source, test_source, class_names, files, split_counts, quarantined)
         manifest = _manifest(params, seed, spec, test_source is not None, counts, todo, split_counts, labels,
-                             shards, files)  # fmt: skip
+                             shards, files, resize)  # fmt: skip
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
         (tmp / QUARANTINE).write_text(dumps_json(report))
 
     _log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
+    log.info("aspect ratios: %s", resize["aspect_ratios"]["summary"])
+    log.info("resize %s (%s: %s)", resize["mode"], "auto" if resize["auto"] else "params.yaml", resize["why"])
     return PreprocessResult(counts, split_counts, class_names, Path(out_dir))
+
+
+def _choose_resize(params: PreprocessParams, roots: Any, todo: Plan, centred: bool) -> dict[str, Any]:
+    """preprocess.resize as written, or for `auto` the mode the images' aspect ratios call for (read from
+    the headers of the files to decode, in worker processes: a header that crashes a worker costs nothing)."""
+    if params.resize != "auto":
+        return {"mode": params.resize, "auto": False, "why": "set in params.yaml"}
+    if centred:
+        return {
+            "mode": "crop",
+            "auto": True,
+            "why": "the embedded default data draws every subject inside the "
+            "central square, which a centre crop keeps whole and at full scale (and it cuts off distractors)",
+        }
+    items = [item for item, _ in todo.decode]
+    probed = isolated_map(partial(probe_shape, roots), items, workers=params.workers, chunksize=64,
+                          crashed=lambda item, detail: None, initializer=worker_init)  # fmt: skip
+    measured = Aspect.of([shape for shape in _bar(probed, len(items), "measure aspect ratios") if shape])
+    mode, why = choose_resize(measured)
+    return {"mode": mode, "auto": True, "why": f"{why} (from the headers of {measured.count} files)"}
 
 
 def _hash_same_size(workers: int, roots: Any, candidates: list[Candidate], hashes: list[Hashed]) -> None:
@@ -157,9 +187,10 @@ def _hash_same_size(workers: int, roots: Any, candidates: list[Candidate], hashe
 def _manifest(
     params: PreprocessParams, seed: int, spec: PreprocessSpec, has_test_folder: bool, counts: dict[str, int],
     todo: Plan, split_counts: dict[str, int], labels: dict[str, list[int]], shards: dict[str, Any],
-    files: list[dict[str, Any]],
+    files: list[dict[str, Any]], resize: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """manifest.json: format, spec, split rule, counts, shards, the frozen test set and every accepted file."""
+    """manifest.json: format, spec (and why its resize), split rule, counts, shards, the frozen test set and
+    every accepted file."""
     class_names = spec.class_names
     test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
     return {
@@ -168,6 +199,7 @@ def _manifest(
         "schema": schema_description(params.image_size),
         "class_names": list(class_names),
         "spec": spec.model_dump(mode="json"),
+        "resize": resize,
         "split_rule": {
             "by": "sha256 of the file's bytes and the seed",
             "seed": seed,
@@ -203,7 +235,7 @@ def _decode_and_write(
     writers: dict[str, ShardWriter],
     split_seed: int,
     fixed_test: bool,
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[tuple[int, int]]]:
     """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards.
 
     A file that pass 1 hashed must still have those bytes; one it only sized must still have that size."""
@@ -214,6 +246,7 @@ def _decode_and_write(
     )  # fmt: skip
     files: list[dict[str, Any]] = []
     quarantined: list[dict[str, str]] = []
+    shapes: list[tuple[int, int]] = []
     index: Counter[str] = Counter()
     for (item, digest), checked in zip(todo.decode, _bar(results, len(todo.decode), "decode"), strict=True):
         copies = todo.copies.get(digest, [])
@@ -234,12 +267,13 @@ def _decode_and_write(
         else:
             split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed_test=fixed_test)
         writers[split].add(checked.array, item.label)
+        shapes.append(checked.shape)
         files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split]})
         index[split] += 1
         quarantined.extend(
             {**c.where(), "reason": "duplicate", "detail": f"same bytes as {name}, which is kept"} for c in copies
         )
-    return files, quarantined
+    return files, quarantined, shapes
 
 
 def _check_usable(
@@ -301,7 +335,8 @@ def _log_summary(
 def _main(p: Params) -> None:
     check_data_folders(p.data, p.paths.generated)
     run(p.preprocess, seed=p.seed, source=p.data.source, out_dir=p.paths.shards,
-        test_source=fixed_test_folder(p.data, p.paths.generated))  # fmt: skip
+        test_source=fixed_test_folder(p.data, p.paths.generated),
+        centred=Path(p.data.source).resolve() == Path(p.paths.generated).resolve())  # fmt: skip
 
 
 def main() -> None:

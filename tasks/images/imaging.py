@@ -1,7 +1,8 @@
 """The one preprocessing path: image bytes -> RGB uint8 (C, H, W) at the model's input size.
 
-Preprocessing, evaluation, export checks and serving all call `decode_image` + `resize_crop`
+Preprocessing, evaluation, export checks and serving all call `decode_image` + `to_square`
 (or `load_array`), with the `PreprocessSpec` recorded beside the model, so they cannot disagree.
+How an image becomes a square is fastai's choice of three (`RESIZE_MODES`): crop, squash or pad.
 Bad bytes raise `ImageError` with a reason code (the same codes as the quarantine report).
 """
 
@@ -13,7 +14,7 @@ import re
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".apng", ".bmp", ".dib", ".gif", ".tif", ".tiff", ".webp"}
@@ -26,6 +27,12 @@ _RESAMPLE = {
     "bicubic": Image.Resampling.BICUBIC,
 }
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+# fastai's ResizeMethod names and meanings (fastai.vision.augment.Resize):
+#   crop:   the shorter side to the size, then the centre square (what falls outside is cut off)
+#   squash: both sides to the size, the aspect ratio not kept (nothing cut off, the subject distorted)
+#   pad:    the longer side to the size, the rest filled with black (fastai's pad_mode="zeros")
+RESIZE_MODES = ("crop", "squash", "pad")
+LEGACY_CROP = "shorter-side-then-center-crop"  # how model files made before the modes existed name crop
 
 
 class ImageError(ValueError):
@@ -42,13 +49,21 @@ class PreprocessSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image_size: int
-    resize: str = "shorter-side-then-center-crop"
+    resize: str = "crop"  # one of RESIZE_MODES
     interpolation: str = "bilinear"
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
     channel_order: str = "RGB"
     layout: str = "NCHW"
     class_names: tuple[str, ...]
+
+    @field_validator("resize")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        value = "crop" if value == LEGACY_CROP else value
+        if value not in RESIZE_MODES:
+            raise ValueError(f"resize {value!r} is not one of {list(RESIZE_MODES)}")
+        return value
 
 
 def is_image_name(path: str | os.PathLike[str]) -> bool:
@@ -138,20 +153,40 @@ def _failure_reason(exc: BaseException) -> str:
 
 
 def resize_crop(img: Image.Image, size: int, interpolation: str = "bilinear") -> np.ndarray:
-    """Resize the shorter side to `size`, center-crop to size x size; returns uint8 (3, H, W)."""
+    """crop: resize the shorter side to `size`, center-crop to size x size; returns uint8 (3, H, W)."""
     width, height = img.size
     scale = size / min(width, height)
     new_w, new_h = max(size, round(width * scale)), max(size, round(height * scale))
     img = img.resize((new_w, new_h), _RESAMPLE[interpolation])
     left, top = (new_w - size) // 2, (new_h - size) // 2
     img = img.crop((left, top, left + size, top + size))
+    return _chw(img)
+
+
+def to_square(img: Image.Image, size: int, mode: str = "crop", interpolation: str = "bilinear") -> np.ndarray:
+    """An RGB image -> uint8 (3, size, size) by one of RESIZE_MODES."""
+    if mode == "crop":
+        return resize_crop(img, size, interpolation)
+    if mode == "squash":
+        return _chw(img.resize((size, size), _RESAMPLE[interpolation]))
+    if mode != "pad":
+        raise ValueError(f"resize mode {mode!r} is not one of {list(RESIZE_MODES)}")
+    width, height = img.size
+    scale = size / max(width, height)
+    new_w, new_h = min(size, max(1, round(width * scale))), min(size, max(1, round(height * scale)))
+    canvas = Image.new("RGB", (size, size))
+    canvas.paste(img.resize((new_w, new_h), _RESAMPLE[interpolation]), ((size - new_w) // 2, (size - new_h) // 2))
+    return _chw(canvas)
+
+
+def _chw(img: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
 
 
 def load_array(data: bytes, spec: PreprocessSpec, *, max_pixels: int | None = None, min_side: int = 1) -> np.ndarray:
     """Image bytes -> uint8 (3, S, S) exactly as the model was trained on."""
-    return resize_crop(
-        decode_image(data, max_pixels=max_pixels, min_side=min_side), spec.image_size, spec.interpolation
+    return to_square(
+        decode_image(data, max_pixels=max_pixels, min_side=min_side), spec.image_size, spec.resize, spec.interpolation
     )
 
 

@@ -19,7 +19,7 @@ from PIL import Image
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_and_size, sha256_bytes
 from tasks.core.params import DataParams
-from tasks.images.imaging import ImageError, PreprocessSpec, is_image_name, load_array
+from tasks.images.imaging import ImageError, PreprocessSpec, decode_image, is_image_name, to_square
 
 SOURCE, TEST_SOURCE = "source", "test_source"
 
@@ -50,6 +50,7 @@ class Checked:
     reason: str = ""
     detail: str = ""
     size: int = -1  # bytes read
+    shape: tuple[int, int] = (0, 0)  # (width, height) as decoded, EXIF orientation applied
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,26 @@ def check_file(config: CheckConfig, item: Candidate) -> Checked:
     except OSError as exc:
         return Checked("", None, "unreadable", f"{type(exc).__name__}: {exc.strerror or exc}")
     digest = sha256_bytes(data)
+    spec = config.spec
     try:
-        array = load_array(data, config.spec, max_pixels=config.max_pixels, min_side=config.min_side)
+        img = decode_image(data, max_pixels=config.max_pixels, min_side=config.min_side)
     except ImageError as exc:
         return Checked(digest, None, exc.reason, exc.detail, len(data))
-    return Checked(digest, array, size=len(data))
+    array = to_square(img, spec.image_size, spec.resize, spec.interpolation)
+    return Checked(digest, array, size=len(data), shape=img.size)
+
+
+_TRANSPOSED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
+
+
+def probe_shape(roots: tuple[tuple[str, Path], ...], item: Candidate) -> tuple[int, int] | None:
+    """(width, height) from the file's header alone, EXIF orientation applied; None when it cannot be read.
+    What `preprocess.resize: auto` measures before any image is decoded (the decode pass checks each file)."""
+    try:
+        with Image.open(os.path.join(dict(roots)[item.root], item.path)) as img:
+            width, height = img.size
+            if img.getexif().get(0x0112) in _TRANSPOSED:
+                width, height = height, width
+    except Exception:  # bad bytes are the decode pass's to report, with their reason
+        return None
+    return (width, height) if width > 0 and height > 0 else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import colorsys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -37,6 +38,23 @@ def _shape_polygon(kind: str, cx: float, cy: float, r: float) -> list[tuple[floa
     raise ValueError(kind)
 
 
+def _draw_shape(draw: Any, kind: str, cx: float, cy: float, r: float, fill: tuple[int, ...]) -> None:
+    box = (cx - r, cy - r, cx + r, cy + r)
+    if kind == "circle":
+        draw.ellipse(box, fill=fill)
+    elif kind == "ring":
+        draw.ellipse(box, outline=fill, width=max(2, int(r * 0.3)))
+    elif kind == "square":
+        draw.rectangle((cx - r * 0.8, cy - r * 0.8, cx + r * 0.8, cy + r * 0.8), fill=fill)
+    elif kind == "bar":
+        draw.rectangle((cx - r, cy - r * 0.3, cx + r, cy + r * 0.3), fill=fill)
+    elif kind == "cross":
+        draw.rectangle((cx - r, cy - r * 0.25, cx + r, cy + r * 0.25), fill=fill)
+        draw.rectangle((cx - r * 0.25, cy - r, cx + r * 0.25, cy + r), fill=fill)
+    else:
+        draw.polygon(_shape_polygon(kind, cx, cy, r), fill=fill)
+
+
 def draw_shapes_folder(root: Path, classes: int, per_class: int, seed: int = 0) -> Path:
     """A user-like ImageFolder of drawn shapes: one shape per image (mirror-symmetric, so a flip keeps
     the class) in the class's hue on a dull background, at a random size and place inside the central square
@@ -63,22 +81,42 @@ def draw_shapes_folder(root: Path, classes: int, per_class: int, seed: int = 0) 
             r = side * rng.uniform(0.2, 0.4)
             cx = (w - side) / 2 + rng.uniform(r, side - r)
             cy = (h - side) / 2 + rng.uniform(r, side - r)
-            box = (cx - r, cy - r, cx + r, cy + r)
-            if kind == "circle":
-                draw.ellipse(box, fill=fill)
-            elif kind == "ring":
-                draw.ellipse(box, outline=fill, width=max(2, int(r * 0.3)))
-            elif kind == "square":
-                draw.rectangle((cx - r * 0.8, cy - r * 0.8, cx + r * 0.8, cy + r * 0.8), fill=fill)
-            elif kind == "bar":
-                draw.rectangle((cx - r, cy - r * 0.3, cx + r, cy + r * 0.3), fill=fill)
-            elif kind == "cross":
-                draw.rectangle((cx - r, cy - r * 0.25, cx + r, cy + r * 0.25), fill=fill)
-                draw.rectangle((cx - r * 0.25, cy - r, cx + r * 0.25, cy + r), fill=fill)
-            else:
-                draw.polygon(_shape_polygon(kind, cx, cy, r), fill=fill)
+            _draw_shape(draw, kind, cx, cy, r, fill)
             if rng.random() < 0.2:
                 image = image.convert("L")
             suffix = (".jpg", ".png", ".bmp", ".webp")[i % 4]
             image.save(folder / f"{kind}_{i:04d}{suffix}")
+    return root
+
+
+def draw_offcentre_folder(
+    root: Path, classes: int, per_class: int, seed: int = 0, max_ratio: float = 6.0, kinds: tuple[str, ...] = SHAPES,
+    cluttered: bool = False,
+) -> Path:  # fmt: skip
+    """Shapes anywhere on canvases whose longer side is 1 to `max_ratio` times the shorter (log-uniform, half of
+    them wide, half tall), as scanned glyphs or photos cropped by hand are: a centre crop cuts most subjects off.
+    The shape alone tells the class: any colour, on a noisy background of any dull colour; saved as PNG or JPEG.
+    The classes are the first `classes` of `kinds`. `cluttered`: smaller shapes in heavier noise, crossed by
+    lines of any colour, as photos of real things are: hard to learn from a few images from scratch."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    for kind in kinds[:classes]:
+        folder = root / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            short = int(rng.integers(32, 72))
+            long = int(round(short * np.exp(rng.uniform(0, np.log(max_ratio)))))
+            w, h = (long, short) if i % 2 else (short, long)
+            noise = rng.normal(0, 40 if cluttered else 12, size=(h, w, 3)) + rng.integers(40, 140, size=3)
+            image = Image.fromarray(noise.clip(0, 255).astype(np.uint8))
+            r = short * (rng.uniform(0.18, 0.35) if cluttered else rng.uniform(0.28, 0.42))
+            cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
+            fill = tuple(int(v) for v in rng.integers(150, 256, size=3))
+            draw = ImageDraw.Draw(image)
+            _draw_shape(draw, kind, cx, cy, r, fill)
+            for _ in range(3 if cluttered else 0):
+                ends = [float(v) for v in rng.uniform(0, 1, 4) * [w, h, w, h]]
+                draw.line(ends, fill=tuple(int(v) for v in rng.integers(0, 256, size=3)), width=max(1, short // 24))
+            image.save(folder / f"{kind}_{i:04d}{'.png' if i % 3 else '.jpg'}")
     return root

@@ -45,12 +45,12 @@ def add_awkward_images(root: Path) -> None:
         Image.fromarray(pixels).save(folder / "rotated.jpg", exif=exif)
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("inference")
+def build_project(root: Path, resize: str) -> Path:
+    """Awkward images preprocessed with `resize`, an untrained model on them, exported to ONNX."""
     images = make_imagefolder(root / "images", classes=3, per_class=8)
     add_awkward_images(images)
-    preprocess.run(PARAMS.preprocess, seed=PARAMS.seed, source=images, out_dir=root / "shards")
+    params = PARAMS.preprocess.model_copy(update={"resize": resize})
+    preprocess.run(params, seed=PARAMS.seed, source=images, out_dir=root / "shards")
     spec = PreprocessSpec.model_validate(read_json(root / "shards" / MANIFEST)["spec"])
     torch.manual_seed(0)  # an untrained network is enough to compare paths
     save_model_file(root / "model.pt", build_model("resnet18", 3), arch="resnet18", spec=spec, provenance={})
@@ -61,12 +61,29 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_project(tmp_path_factory.mktemp("inference"), "crop")
+
+
+@pytest.fixture(scope="module")
 def served(project: Path) -> OnnxModel:
     return OnnxModel.load(project / "models/model.onnx", expected_sha256=sha256_file(project / "models/model.onnx"))
 
 
 def test_training_and_serving_paths_give_identical_tensors(project: Path, served: OnnxModel) -> None:
+    assert_paths_agree(project, served, "crop")
+
+
+@pytest.mark.parametrize("resize", ["squash", "pad"])
+def test_every_resize_mode_travels_to_serving(resize: str, tmp_path: Path) -> None:
+    """preprocess.resize goes into the spec, the spec into the ONNX file, and serving resizes as training did."""
+    root = build_project(tmp_path, resize)
+    assert_paths_agree(root, OnnxModel.load(root / "models/model.onnx"), resize)
+
+
+def assert_paths_agree(project: Path, served: OnnxModel, resize: str) -> None:
     manifest = read_json(project / "shards" / MANIFEST)
+    assert manifest["spec"]["resize"] == resize and manifest["resize"]["mode"] == resize
     train_spec = PreprocessSpec.model_validate(manifest["spec"])
     assert served.spec == train_spec  # the spec travelled inside the ONNX file
     datasets = {split: ShardDataset(project / "shards", split) for split in ("train", "val", "test")}
