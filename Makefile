@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv add-data commit-run check-reproduced push pull
+.PHONY: serve serve-venv add-data add-weights commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 $(STAMP): requirements.txt constraints.txt
@@ -77,6 +77,14 @@ add-data: setup
 	@test -n "$(SRC)" || { echo "error: SRC is missing: make add-data SRC=/path/to/images NAME=pets" >&2; exit 2; }
 	@test -n "$(NAME)" || { echo "error: NAME is missing: make add-data SRC=$(SRC) NAME=pets" >&2; exit 2; }
 	$(BIN)/python -m tasks.add_data "$(SRC)" "$(NAME)"
+
+# torchvision's published weights for train.pretrained, as a DVC-tracked file in models/pretrained/: `dvc import-url`
+# of its URL (internet needed), or SRC=/path/to/the/file to `dvc add` a copy you have. Checked against the hash in
+# torchvision's file name; params.yaml's train.arch and train.pretrained are set. Then commit and `dvc push`.
+WEIGHTS ?= DEFAULT
+add-weights: setup
+	@test -n "$(ARCH)" || { echo "error: ARCH is missing: make add-weights ARCH=resnet18 [WEIGHTS=IMAGENET1K_V1] [SRC=file]" >&2; exit 2; }
+	$(BIN)/python -m tasks.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)")
 
 # Make this run's exported model (hash-verified) and its test metrics the baseline that
 # check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against

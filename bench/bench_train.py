@@ -70,7 +70,12 @@ def real_loop(p: TrainParams, shards: Path, spec: PreprocessSpec, steps: int, tm
         telemetry=Telemetry(tmp / "tb", enabled=True, histogram_every=p.histogram_every_steps, purge_step=None),
         hooks=(clock := StartClock()),
     )  # fmt: skip
-    loop = EpochLoop(runner, checkpointer=Checkpointer(tmp / "ckpt", RunIdentity("p" * 64, "d" * 64)), generator=gen)
+    loop = EpochLoop(
+        runner,
+        checkpointer=Checkpointer(tmp / "ckpt", RunIdentity("p" * 64, "d" * 64)),
+        generator=gen,
+        dynamics_samples=len(data),
+    )
     val = ShardSplit.open(shards, "val")
     val_images = val.all_images()[:64]
     spent: list[float] = []

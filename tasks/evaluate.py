@@ -1,7 +1,7 @@
 """Stage evaluate: model.pt + shards -> metrics.json (DVC metrics), the confusion plot (JSON + PNG), and the
 error analysis: the test images with the highest loss (errors_gallery.png), precision and recall per class
-(per_class.png), and every accepted image of every split ranked by its loss under its given label
-(label_errors.json: the likely label errors, with the file each came from)."""
+(per_class.png), and every accepted image of every split ranked out of sample (label_errors.json: the likely
+label errors, with the file each came from; training images by train_dynamics.json, tasks/core/analysis.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.core.analysis import highest_loss, image_losses, label_error_ranking, log_softmax
+from tasks.core.analysis import DURING_TRAINING, HELD_OUT, highest_loss, image_losses, label_error_ranking, log_softmax
 from tasks.core.cli import stage_main
-from tasks.core.io import write_json
+from tasks.core.errors import StageError
+from tasks.core.io import read_json, write_json
 from tasks.core.metrics import classification_metrics, confusion_matrix
 from tasks.core.params import EvaluateParams, Params
 from tasks.core.paths import Paths
@@ -43,6 +44,7 @@ def run(
     metrics_path: Path,
     confusion_json: Path,
     confusion_png: Path,
+    dynamics_path: Path,
     roots: dict[str, str] | None = None,
 ) -> EvaluateResult:
     """`roots`: the folder each manifest root was read from (data.source, data.test_source), so that
@@ -66,7 +68,7 @@ def run(
     plot_confusion(confusion_matrix(test.labels, predicted, len(class_names)), class_names, confusion_png)
     plot_per_class(metrics["per_class"], names.per_class_png)
     _gallery(test, logits, class_names, params.gallery_images, names.errors_gallery)
-    _label_errors(model, spec, shard_dir, {"test": logits}, params, roots, names.label_errors)
+    _label_errors(model, spec, shard_dir, {"test": logits}, params, roots, dynamics_path, names.label_errors)
     log.info("test accuracy %.4f, macro F1 %.4f on %d images -> %s",
              metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"], metrics_path)  # fmt: skip
     return EvaluateResult(metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"])
@@ -85,9 +87,9 @@ def _gallery(test: ShardSplit, logits: np.ndarray, class_names: Sequence[str], c
 
 def _label_errors(
     model: torch.nn.Module, spec: PreprocessSpec, shard_dir: Path, scored: dict[str, np.ndarray],
-    params: EvaluateParams, roots: dict[str, str] | None, path: Path,
+    params: EvaluateParams, roots: dict[str, str] | None, dynamics_path: Path, path: Path,
 ) -> None:  # fmt: skip
-    """Every accepted image of every split under the final model, ranked by the loss of its given label."""
+    """Every accepted image of every split, ranked by a score from a model that did not learn it."""
     entries = sorted(load_manifest(shard_dir)["files"], key=lambda e: (SPLITS.index(e["split"]), e["index"]))
     blocks = []
     for split in SPLITS:
@@ -97,10 +99,19 @@ def _label_errors(
             )
         blocks.append(scored[split])
     roots = roots or {root: root for root in {entry["root"] for entry in entries}}
-    ranking = label_error_ranking(np.concatenate(blocks), entries, spec.class_names, roots, params.label_errors)
-    write_json(path, {"rule": "every accepted image ranked by the final model's loss on its given label, highest "
-                              "first: the top ones are the likely label errors", "images_scored": len(entries),
-                      "likely_label_errors": ranking})  # fmt: skip
+    dynamics = read_json(dynamics_path)
+    aum, p_given = np.asarray(dynamics["aum"]), np.asarray(dynamics["p_given"])
+    if len(aum) != sum(entry["split"] == "train" for entry in entries):
+        raise StageError(f"{dynamics_path}: {len(aum)} training images, the shards have another train split; "
+                         "rerun train (dvc repro train)")  # fmt: skip
+    ranking = label_error_ranking(np.concatenate(blocks), entries, spec.class_names, roots, params.label_errors,
+                                  train_aum=aum, train_p_given=p_given)  # fmt: skip
+    write_json(path, {
+        "rule": "every accepted image ranked by its score, lowest first: its given label's logit minus the largest "
+                f"other one, judged out of sample. Val and test images: {HELD_OUT}. Training images: "
+                f"{DURING_TRAINING}, {dynamics['rule']}",
+        "images_scored": len(entries), "likely_label_errors": ranking,
+    })  # fmt: skip
 
 
 def _main(p: Params) -> None:
@@ -111,6 +122,7 @@ def _main(p: Params) -> None:
         metrics_path=p.paths.metrics,
         confusion_json=p.paths.confusion_json,
         confusion_png=p.paths.confusion_png,
+        dynamics_path=p.paths.train_dynamics,
         roots={SOURCE: str(p.data.source), TEST_SOURCE: str(p.data.test_source)},
     )
 

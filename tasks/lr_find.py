@@ -6,7 +6,8 @@
 Starts from the model and optimizer the train stage would build (train.arch, init_from, freeze_backbone,
 optimizer, momentum, weight decay, backbone_lr_scale, label_smoothing) and draws batches from its seeded,
 augmented loader at the recipe's batch size. Writes reports/lr_find.json and reports/lr_find.png, and prints
-the `dvc exp run -S train.lr=...` command that tries the suggestion. params.yaml is never changed.
+the `dvc exp run -S train.lr=...` command that tries the suggestion, or, when the sweep gives none (its loss never
+really fell before it diverged), says so and why: keep the recipe's lr. params.yaml is never changed.
 Not a DVC stage: a tool people run by hand.
 """
 
@@ -56,10 +57,11 @@ def run(p: Params, *, min_lr: float, max_lr: float, steps: int, json_path: Path,
     optimizer = build_optimizer(model, recipe.model_copy(update={"lr": 1.0}))
     result = sweep(model, optimizer, batches(start), start.spec, min_lr=min_lr, max_lr=max_lr, steps=steps,
                    label_smoothing=recipe.label_smoothing)  # fmt: skip
-    suggestion = float(f"{result.suggestion:.2g}")
-    command = f"dvc exp run -S train.lr={suggestion:g}"
+    suggestion = float(f"{result.suggestion:.2g}") if result.suggestion is not None else None
+    command = f"dvc exp run -S train.lr={suggestion:g}" if suggestion is not None else None
+    why_none = None if suggestion is not None else result.no_suggestion_why()
     write_json(json_path, {
-        "suggested_lr": suggestion, "rule": RULE, "min_loss_lr": result.min_loss_lr,
+        "suggested_lr": suggestion, "no_suggestion": why_none, "rule": RULE, "min_loss_lr": result.min_loss_lr,
         "steepest_lr": result.steepest_lr, "min_loss_lr_over_10": result.min_over_ten, "stopped": result.stopped,
         "command": command,
         "arch": recipe.arch, "optimizer": recipe.optimizer, "batch_size": recipe.batch_size,
@@ -68,6 +70,10 @@ def run(p: Params, *, min_lr: float, max_lr: float, steps: int, json_path: Path,
     plot_lr_find(result.lrs, result.losses, result.smoothed, suggestion, png_path)
     log.info("%d steps, %s; smoothed loss lowest at lr %.3g (/10: %.3g), steepest at %.3g", len(result.lrs),
              result.stopped, result.min_loss_lr, result.min_over_ten, result.steepest_lr)  # fmt: skip
+    if suggestion is None:
+        log.info("no clear suggestion, keep the recipe's lr (%g): %s -> %s, %s", recipe.lr, why_none, json_path,
+                 png_path)  # fmt: skip
+        return result
     log.info("suggested lr %g (%s) -> %s, %s", suggestion, RULE, json_path, png_path)
     log.info("try it: %s", command)
     return result

@@ -4,8 +4,9 @@
     python -m tasks.review_label_errors --top 50
 
 Each file goes where the server puts a low-confidence upload, so one review workflow takes both in
-(README "Serving", low confidence): `<serve.review_dir>/<predicted class>/<sha256>.<ext>` with a
-`<sha256>.json` sidecar naming the source file, its given class, the model's class and probabilities.
+(README "Serving", low confidence): `<serve.review_dir>/<suggested class>/<sha256>.<ext>` with a
+`<sha256>.json` sidecar naming the source file, its given class, the class the model likes best after the
+given one (`suggested`), its score and probabilities.
 Review each image: move it to the folder of its true class, and fix the source file's folder too (the
 sidecar's `file`), then `dvc add` the source folder and rerun. Nothing in the source folder is changed
 by this command; an image already in the review folder is left as it is.
@@ -35,7 +36,7 @@ def run(label_errors: Path, review_dir: Path, top: int) -> list[Path]:
         source = Path(entry["file"])
         if not source.is_file():
             raise StageError(f"{source}: listed in {label_errors} but not on disk (dvc pull, or rerun evaluate)")
-        target = review_dir / entry["predicted"] / f"{entry['sha256']}{source.suffix.lower()}"
+        target = review_dir / entry["suggested"] / f"{entry['sha256']}{source.suffix.lower()}"
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +54,7 @@ def main() -> None:
 
     def body(p: Params) -> None:
         copied = run(p.paths.label_errors, p.serve.review_dir, args.top)
-        log.info("%d images -> %s/<predicted class>/ (with .json sidecars); review them, then fix the source folder",
+        log.info("%d images -> %s/<suggested class>/ (with .json sidecars); review them, then fix the source folder",
                  len(copied), p.serve.review_dir)  # fmt: skip
 
     stage_main("review-label-errors", body)

@@ -26,6 +26,7 @@ from tasks.training.loader import StepSampler, make_loader
 from tasks.training.models import build_model
 from tasks.training.optim import Schedule, build_optimizer
 from tasks.training.precision import resolve_precision
+from tasks.training.recipe import resolve
 from tasks.training.runtime import cpu_threads, seed_everything
 from tasks.training.step import NonFiniteError, StepRunner
 from tasks.training.telemetry import Telemetry
@@ -56,7 +57,7 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
                          pin_memory=False, generator=generator)  # fmt: skip
     images, labels, _ = next(iter(loader))
     # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
-    recipe = train.model_copy(
+    recipe = resolve(train, len(dataset)).params.model_copy(
         update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
                 "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip

@@ -33,14 +33,16 @@ from tasks.images.shards import MANIFEST, ShardSplit, load_manifest
 from tasks.training import distributed
 from tasks.training.augment import Augment
 from tasks.training.batches import first_batch, write_batch_grids
-from tasks.training.checkpoint import Checkpointer, RunIdentity, load_init_weights, prune_runs, run_identity
+from tasks.training.checkpoint import Checkpointer, RunIdentity, prune_runs, run_identity
 from tasks.training.dataset import ShardDataset
+from tasks.training.dynamics import Dynamics
 from tasks.training.hooks import Hooks, hooks_from_env
 from tasks.training.loader import StepSampler, make_loader
 from tasks.training.loop import EpochLoop, Progress, validate
 from tasks.training.models import build_model, save_model_file
 from tasks.training.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.training.precision import Precision, resolve_precision
+from tasks.training.pretrained import start_weights
 from tasks.training.recipe import Recipe, resolve
 from tasks.training.runtime import cpu_threads, seed_everything, warn_if_cores_busy
 from tasks.training.step import StepRunner, StepStats
@@ -68,10 +70,12 @@ class Outputs:
     history: Path
     plot: Path
     run_meta: Path
+    dynamics: Path  # per training image: the area under the margin (tasks/training/dynamics.py)
     train_batch: Path  # grids of what the model sees (tasks/training/batches.py)
     val_batch: Path
     runs: Path  # TensorBoard logs and profile: <runs>/train/<run>
     checkpoints: Path  # <checkpoints>/<run>/last.pt, best.pt
+    pretrained: Path  # train.pretrained's weights files (paths.pretrained)
 
 
 @dataclass(frozen=True)
@@ -114,12 +118,14 @@ def run(
     checkpoint_dir: Path | None = None,
     run_meta_path: Path | None = None,
     hooks: Hooks | None = None,
+    pretrained_dir: Path | None = None,
 ) -> TrainResult:
     names = Paths()
     outputs = Outputs(
         shard_dir, model_path, history_path, plot_path, run_meta_path or history_path.with_name(names.train_run.name),
-        history_path.with_name(names.train_batch_png.name), history_path.with_name(names.val_batch_png.name),
-        runs_dir, checkpoint_dir or runs_dir / "checkpoints",
+        history_path.with_name(names.train_dynamics.name), history_path.with_name(names.train_batch_png.name),
+        history_path.with_name(names.val_batch_png.name),
+        runs_dir, checkpoint_dir or runs_dir / "checkpoints", pretrained_dir or names.pretrained,
     )  # fmt: skip
     world = distributed.world_from_env()
     try:
@@ -200,7 +206,7 @@ def _train(
         log.info("  %s", reason)
     data = _setup_data(params, train_set, out.shard_dir, seed, world, device)
     epoch_one = data.generator.get_state()  # before a resume moves it: the grid shows the first batch
-    model = _setup_model(params, len(spec.class_names), world, device)
+    model = _setup_model(params, spec, out.pretrained, world, device)
     precision = resolve_precision(params.precision, device)
     identity = run_identity(params, seed=seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
                             init_sha256=model.transfer["sha256"] if model.transfer else None,
@@ -226,7 +232,7 @@ def _train(
         model=model.wrapped, ddp=model.ddp, optimizer=optimizer, schedule=schedule, precision=precision,
         params=params, spec=spec, device=device, world=world, telemetry=telemetry, hooks=hooks,
     )  # fmt: skip
-    loop = EpochLoop(runner, checkpointer=checkpointer, generator=data.generator)
+    loop = EpochLoop(runner, checkpointer=checkpointer, generator=data.generator, dynamics_samples=len(train_set))
     if payload is not None:
         progress = loop.restore(payload)
         log.info("resuming from %s: step %d of %d (epoch %d, batch %d of %d)", checkpointer.last, progress.step,
@@ -244,7 +250,9 @@ def _train(
         profile = telemetry.profile(num_workers=params.num_workers, device_type=device.type)
         telemetry.close()
     in_sync = _ranks_in_sync(model.module, world)
+    dynamics = loop.dynamics.reduced()
     if world.is_main:
+        write_json(out.dynamics, Dynamics.to_json(dynamics))
         meta = run_metadata(params, recipe, identity, precision, world, data.sampler, progress, runner.stats,
                             model, in_sync)  # fmt: skip
         _write_outputs(out, params, spec, model, provenance, progress, meta)
@@ -304,7 +312,12 @@ def _write_outputs(
     progress: Progress, meta: dict[str, Any],
 ) -> None:  # fmt: skip
     """model.pt (weights + spec + provenance), the history and its plot, train_run.json: the stage's outs."""
-    prov = {**provenance, **({"init_from_sha256": model.transfer["sha256"]} if model.transfer else {})}
+    prov = dict(provenance)
+    if model.transfer and "weights" in model.transfer:  # train.pretrained
+        prov.update(pretrained=model.transfer["weights"], pretrained_sha256=model.transfer["sha256"],
+                    pretrained_published_file=str(model.transfer["published_file"]).lower())  # fmt: skip
+    elif model.transfer:
+        prov["init_from_sha256"] = model.transfer["sha256"]
     save_model_file(out.model, model.module, arch=params.arch, spec=spec, provenance=prov)
     write_json(out.history, progress.history)
     plot_history(progress.history, out.plot)
@@ -328,13 +341,15 @@ def _setup_data(
     return Data(train_set, sampler, loader, generator, val_images, val.labels)
 
 
-def _setup_model(params: TrainParams, num_classes: int, world: distributed.World, device: torch.device) -> Model:
-    """The architecture, `init_from` weights and frozen layers, on the device, wrapped for DDP and compile."""
-    model = build_model(params.arch, num_classes)
-    transfer = load_init_weights(model, params.init_from) if params.init_from else None
+def _setup_model(
+    params: TrainParams, spec: PreprocessSpec, pretrained_dir: Path, world: distributed.World, device: torch.device
+) -> Model:
+    """The architecture, the weights it starts from and frozen layers, on the device, wrapped for DDP and compile."""
+    model = build_model(params.arch, len(spec.class_names))
+    transfer = start_weights(model, params, spec, pretrained_dir)
     frozen = freeze_backbone(model) if params.freeze_backbone else []
     if frozen and transfer is None:
-        log.warning("freeze_backbone without init_from: only the head of a randomly initialised backbone trains")
+        log.warning("freeze_backbone without pretrained or init_from: only the head of a random backbone trains")
     model.to(device)
     ddp = None
     if world.is_distributed:
@@ -376,7 +391,8 @@ def run_metadata(
         "scaler_skipped_steps": stats.scaler_skipped,
         "nonfinite_steps": stats.nonfinite,
         "auto_batch": stats.auto_batch,
-        "init_from": model.transfer,
+        "init_from": model.transfer if model.transfer and "weights" not in model.transfer else None,
+        "pretrained": model.transfer if model.transfer and "weights" in model.transfer else None,
         "frozen_parameters": len(model.frozen),
         "best": {"metric": params.monitor, "value": progress.best, "epoch": progress.best_epoch},
         "coverage": progress.coverage,
@@ -413,6 +429,7 @@ def _main(p: Params, *, join: bool = False) -> None:
         runs_dir=p.paths.runs,
         checkpoint_dir=p.paths.checkpoints,
         run_meta_path=p.paths.train_run,
+        pretrained_dir=p.paths.pretrained,
         provenance={
             "params_sha256": section_hash(p.train),
             "seed": str(p.seed),

@@ -2,9 +2,9 @@
 images the model gets most wrong, and the likely label errors of a whole dataset.
 
 Plain numpy over logits, labels and manifest entries; `tasks/evaluate.py` feeds it every accepted image.
-The rule for a likely label error is the one of confident learning's simplest form: rank images by the
-final model's loss on the label they were given (highest first). A mislabeled image the model did not
-memorise shows up near the top, with the class the model believes it is.
+A likely label error is judged out of sample (the idea of cleanlab's confident learning: a model that did not
+train on an image says what it is): val and test images by the final model, training images by their area
+under the margin during training, which a mislabeled image keeps low until it is memorised.
 """
 
 from __future__ import annotations
@@ -33,22 +33,47 @@ def highest_loss(losses: np.ndarray, count: int) -> np.ndarray:
     return np.argsort(-losses, kind="stable")[:count]
 
 
+HELD_OUT = "final model, held out"  # val and test images: the final model never trained on them
+DURING_TRAINING = "area under the margin during training"  # train images (tasks/training/dynamics.py)
+
+
+def margins(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Logit of the given label minus the largest other logit (N,): negative when the model prefers another."""
+    z = np.asarray(logits, dtype=np.float64)
+    rows = np.arange(len(labels))
+    given = z[rows, labels]
+    other = z.copy()
+    other[rows, labels] = -np.inf
+    return given - other.max(axis=1)
+
+
 def label_error_ranking(
     logits: np.ndarray, entries: Sequence[Mapping[str, Any]], class_names: Sequence[str],
-    roots: Mapping[str, str], count: int,
+    roots: Mapping[str, str], count: int, *, train_aum: np.ndarray, train_p_given: np.ndarray,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """The `count` images with the highest loss under their given label, each with the file it came from.
+    """The `count` likeliest label errors, each judged by a model that did not learn it: lowest score first.
 
-    `entries[i]` is image i's manifest entry (split, index, label, path, root, sha256); `roots` maps an
-    entry's root name to the folder it was read from, so `file` is the path a user can open and fix.
+    `entries[i]` is image i's manifest entry (split, index, label, path, root, sha256) and `logits[i]` the
+    final model's; `roots` maps an entry's root name to the folder it was read from, so `file` is the path a
+    user can open and fix. A val or test image's score is the final model's margin (`margins`); a training
+    image's is its area under the margin (`train_aum[index]`): the final model has memorised its training
+    images, mislabeled ones too, so its verdict on them says little. `suggested` is the class the final
+    model likes best after the given one.
     """
     labels = np.array([entry["label"] for entry in entries], dtype=np.int64)
     log_probs = log_softmax(logits)
-    losses = -log_probs[np.arange(len(labels)), labels]
+    rows = np.arange(len(labels))
+    score, p_given = margins(logits, labels), np.exp(log_probs[rows, labels])
+    in_train = np.array([entry["split"] == "train" for entry in entries], dtype=bool)
+    train_index = np.array([entry["index"] for entry in entries], dtype=np.int64)[in_train]
+    score[in_train], p_given[in_train] = train_aum[train_index], train_p_given[train_index]
     predicted = log_probs.argmax(axis=1)
+    others = log_probs.copy()
+    others[rows, labels] = -np.inf
+    suggested = others.argmax(axis=1)
     r = lambda x: round(float(x), DIGITS)  # noqa: E731
     ranked = []
-    for rank, i in enumerate(highest_loss(losses, count).tolist(), start=1):
+    for rank, i in enumerate(np.argsort(score, kind="stable")[:count].tolist(), start=1):
         entry = entries[i]
         ranked.append({
             "rank": rank,
@@ -56,9 +81,12 @@ def label_error_ranking(
             "split": entry["split"],
             "sha256": entry["sha256"],
             "given": class_names[labels[i]],
+            "suggested": class_names[suggested[i]],
+            "score": r(score[i]),
+            "scored_by": DURING_TRAINING if in_train[i] else HELD_OUT,
+            "p_given": r(p_given[i]),
             "predicted": class_names[predicted[i]],
-            "p_given": r(np.exp(log_probs[i, labels[i]])),
             "p_predicted": r(np.exp(log_probs[i, predicted[i]])),
-            "loss": r(losses[i]),
+            "p_suggested": r(np.exp(log_probs[i, suggested[i]])),
         })  # fmt: skip
     return ranked

@@ -65,6 +65,11 @@ class GenerateParams(Section):
 
 class PreprocessParams(Section):
     image_size: int = Field(64, ge=16, le=1024, description="side of the square model input")
+    resize: Literal["auto", "crop", "squash", "pad"] = Field(
+        "auto",
+        description="how an image becomes the square (fastai's names): crop = shorter side, then the centre; "
+        "squash = both sides, aspect not kept; pad = longer side, black bars; auto = chosen from the aspect ratios",
+    )
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
@@ -134,6 +139,16 @@ class RecipeParams(Section):
     base_lr_sgd: float = Field(0.1, gt=0, description="lr: auto = this x batch_size / max_batch, for sgd")
     base_lr_adamw: float = Field(0.001, gt=0, description="lr: auto = this x batch_size / max_batch, for adamw")
     warmup_fraction: float = Field(0.0833, ge=0, lt=1, description="warmup_epochs: auto = epochs x this")
+    # Starting from weights (train.pretrained or init_from), `auto` means fine-tuning, the seed's order:
+    # the head alone first, then every layer at a small rate, the backbone's smaller still.
+    finetune_lr_sgd: float = Field(0.01, gt=0, description="from weights, lr: auto = this x batch_size / max_batch")
+    finetune_lr_adamw: float = Field(0.0003, gt=0, description="from weights, the same for adamw")
+    finetune_backbone_lr_scale: float = Field(
+        0.1, gt=0, description="from weights, backbone_lr_scale: auto = this (from scratch: 1)"
+    )
+    finetune_freeze_epochs: int = Field(
+        1, ge=0, description="from weights, freeze_epochs: auto = this many head-only epochs (from scratch: 0)"
+    )
 
     @model_validator(mode="after")
     def _batches(self) -> RecipeParams:
@@ -154,7 +169,12 @@ class TrainParams(Section):
     lr: Annotated[float, Field(gt=0)] | Auto = Field(
         "auto", description="learning rate of the head; the backbone's is lr x backbone_lr_scale"
     )
-    backbone_lr_scale: float = Field(1.0, gt=0, description="backbone lr relative to the head's (fine-tuning: < 1)")
+    backbone_lr_scale: Annotated[float, Field(gt=0)] | Auto = Field(
+        "auto", description="backbone lr relative to the head's; auto: 1 from scratch, recipe's when from weights"
+    )
+    freeze_epochs: Annotated[int, Field(ge=0)] | Auto = Field(
+        "auto", description="epochs that train the head alone before every layer trains; auto: see recipe"
+    )
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (Nesterov when > 0)")
     weight_decay: float = Field(5e-4, ge=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
@@ -172,6 +192,11 @@ class TrainParams(Section):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
     compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")
+    pretrained: str | None = Field(
+        None,
+        description="torchvision weights of arch to start from (IMAGENET1K_V1, DEFAULT, ...), a DVC-tracked file "
+        "in paths.pretrained (make add-weights)",
+    )
     init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
     freeze_backbone: bool = Field(False, description="train the head only; frozen BatchNorm stays in eval mode")
     nproc_per_node: int = Field(1, ge=1, description="> 1: DDP processes under torchrun --standalone")
@@ -196,8 +221,17 @@ class TrainParams(Section):
     augment: AugmentParams = AugmentParams()
     recipe: RecipeParams = RecipeParams()
 
+    @property
+    def from_weights(self) -> bool:
+        return self.pretrained is not None or self.init_from is not None
+
     @model_validator(mode="after")
     def _batch_splits(self) -> TrainParams:
+        if self.pretrained is not None and self.init_from is not None:
+            raise ValueError(
+                f"pretrained ({self.pretrained}) and init_from ({self.init_from}) both set: the model starts from one; "
+                "leave the other empty"
+            )
         parts = self.nnodes * self.nproc_per_node * self.accumulation_steps
         if self.batch_size != AUTO and self.batch_size % parts:
             nodes = f"nnodes ({self.nnodes}) x " if self.nnodes > 1 else ""

@@ -32,6 +32,9 @@ class Paths(BaseModel):
         Path("runs/checkpoints"), description="training checkpoints, a folder per run (not versioned, kept by repro)"
     )
     baseline: Path = Field(Path("baseline"), description="promoted baseline metrics (make promote)")
+    pretrained: Path = Field(
+        Path("models/pretrained"), description="torchvision's published weights files, DVC-tracked (make add-weights)"
+    )
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,6 +58,10 @@ class Paths(BaseModel):
     @property
     def train_run(self) -> Path:
         return self.reports / "train_run.json"  # what the run did: recipe, precision, steps, coverage
+
+    @property
+    def train_dynamics(self) -> Path:
+        return self.reports / "train_dynamics.json"  # per training image: its area under the margin (label errors)
 
     @property
     def metrics(self) -> Path:

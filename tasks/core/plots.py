@@ -89,13 +89,14 @@ def plot_per_class(per_class: dict[str, dict[str, float]], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_lr_find(lrs: Sequence[float], losses: Sequence[float], smoothed: Sequence[float], suggestion: float,
+def plot_lr_find(lrs: Sequence[float], losses: Sequence[float], smoothed: Sequence[float], suggestion: float | None,
                  path: Path) -> None:  # fmt: skip
     """The range test's loss against the learning rate (log scale), with the suggested rate marked."""
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(lrs, losses, alpha=0.3, label="loss")
     ax.plot(lrs, smoothed, label="smoothed loss")
-    ax.axvline(suggestion, color="tab:red", linestyle="--", label=f"suggested lr {suggestion:g}")
+    if suggestion is not None:  # None: no clear suggestion (tasks/training/lr_range.py)
+        ax.axvline(suggestion, color="tab:red", linestyle="--", label=f"suggested lr {suggestion:g}")
     ax.set_xscale("log")
     top = min(max(smoothed), 4 * min(smoothed)) if smoothed else 1
     ax.set(xlabel="learning rate", ylabel="training loss", title="learning-rate range test",

@@ -29,7 +29,7 @@ from tasks.training.hooks import Hooks
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2  # 2: the step runner's counters apart from the loop's position
+FORMAT = 3  # 2: the step runner's counters apart from the loop's position; 3: training dynamics
 LAST, BEST = "last.pt", "best.pt"
 # Train params left out of the run identity, so changing them (say, auto_batch after an OOM, or more
 # workers) still resumes the interrupted run. None changes the weights, except `compile`, whose fused
@@ -226,22 +226,22 @@ def _strip(key: str) -> str:
     return key
 
 
-def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
+def load_init_weights(model: torch.nn.Module, path: Path, what: str = "train.init_from") -> dict[str, Any]:
     """Transfer learning: copy every layer of `path` whose name and shape match; list what was skipped."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"train.init_from: {path} does not exist")
+        raise CheckpointError(f"{what}: {path} does not exist")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(
-            f"train.init_from: {path} is not a weights file torch loads with weights_only=True ({type(exc).__name__})"
+            f"{what}: {path} is not a weights file torch loads with weights_only=True ({type(exc).__name__})"
         ) from None
     state = payload
     if isinstance(payload, dict):
         state = payload.get("state_dict", payload.get("model", payload))  # model.pt, checkpoint, or bare
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"train.init_from: {path} holds no state dict (model.pt, a checkpoint, or name->tensor)")
+        raise CheckpointError(f"{what}: {path} holds no state dict (model.pt, a checkpoint, or name->tensor)")
     own = model.state_dict()
     matched, skipped = {}, []
     for key, tensor in ((_strip(k), v) for k, v in state.items()):
@@ -253,11 +253,11 @@ def load_init_weights(model: torch.nn.Module, path: Path) -> dict[str, Any]:
         else:
             matched[key] = tensor
     if not matched:
-        raise CheckpointError(f"train.init_from: no layer of {path} matches this model (wrong arch?)")
+        raise CheckpointError(f"{what}: no layer of {path} matches this model (wrong arch?)")
     model.load_state_dict(matched, strict=False)
     fresh = [key for key in own if key not in matched]
     for item in skipped:
-        log.warning("init_from: skipped %s (%s)", item["name"], item["reason"])
-    log.info("init_from %s: %d tensors loaded, %d skipped, %d left at initialisation", path, len(matched),
+        log.warning("%s: skipped %s (%s)", what, item["name"], item["reason"])
+    log.info("%s %s: %d tensors loaded, %d skipped, %d left at initialisation", what, path, len(matched),
              len(skipped), len(fresh))  # fmt: skip
     return {"path": str(path), "sha256": sha256_file(path), "loaded": len(matched), "skipped": skipped, "fresh": fresh}

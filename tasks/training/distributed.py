@@ -153,10 +153,10 @@ def all_reduce_sum(values: list[float]) -> list[float]:
 
 
 def all_reduce_counts(counts: torch.Tensor) -> torch.Tensor:
-    """Element-wise sum of an integer tensor over ranks."""
+    """Element-wise sum of a tensor over ranks, as a new tensor (the input is left as it is)."""
     if not _active():
         return counts
-    tensor = counts.to(_reduce_device())
+    tensor = counts.to(_reduce_device(), copy=True)
     dist.all_reduce(tensor)
     return tensor.cpu()
 

@@ -29,6 +29,7 @@ from tasks.training.distributed import (
     barrier,
     broadcast_buffers,
 )
+from tasks.training.dynamics import Dynamics
 from tasks.training.loader import StepSampler
 from tasks.training.models import predict_logits
 from tasks.training.optim import set_train_mode
@@ -57,10 +58,13 @@ class Progress:
 
 
 class EpochLoop:
-    def __init__(self, runner: StepRunner, *, checkpointer: Checkpointer, generator: torch.Generator) -> None:
+    def __init__(
+        self, runner: StepRunner, *, checkpointer: Checkpointer, generator: torch.Generator, dynamics_samples: int
+    ) -> None:
         self.runner, self.checkpointer, self.generator = runner, checkpointer, generator
         self.params, self.world, self.telemetry = runner.params, runner.world, runner.telemetry
         self.progress = Progress()
+        self.dynamics = Dynamics(dynamics_samples)
         self.epoch_generator_state: torch.Tensor | None = None
 
     # -- checkpoints ----------------------------------------------------------------------------
@@ -72,9 +76,11 @@ class EpochLoop:
         sums = all_reduce_sum([progress.loss_sum, progress.correct, progress.count])
         state["loss_sum"], state["correct"], state["count"] = sums[0], int(sums[1]), int(sums[2])
         state["seen"] = all_reduce_counts(progress.seen) if progress.seen is not None else None
+        dynamics = self.dynamics.reduced()
         if self.world.is_main:
             assert self.epoch_generator_state is not None
-            payload = {**self.runner.state_dict(), "progress": state, "rng": capture_rng(self.epoch_generator_state)}
+            payload = {**self.runner.state_dict(), "progress": state, "dynamics": dynamics,
+                       "rng": capture_rng(self.epoch_generator_state)}  # fmt: skip
             self.checkpointer.save(payload, is_best=is_best)
         # No rank runs past a checkpoint before it is on disk: when any rank dies later, the whole
         # job resumes from this one (torchrun stops the other ranks, possibly mid-write otherwise).
@@ -83,6 +89,7 @@ class EpochLoop:
     def restore(self, payload: dict[str, Any]) -> Progress:
         self.runner.load_state_dict(payload)
         progress = Progress(**payload["progress"])
+        self.dynamics.load(payload["dynamics"], is_main=self.world.is_main)
         if not self.world.is_main:  # the checkpoint holds all ranks' partial sums: count them once
             progress.loss_sum, progress.correct, progress.count = 0.0, 0, 0
             progress.seen = torch.zeros_like(progress.seen) if progress.seen is not None else None
@@ -104,7 +111,9 @@ class EpochLoop:
             sampler.start = progress.batch_in_epoch * loader.batch_size
             if progress.seen is None:
                 progress.seen = torch.zeros(sampler.num_samples, dtype=torch.int32)
-            set_train_mode(self.runner.raw, frozen_backbone=p.freeze_backbone)
+            head_only = epoch < int(p.freeze_epochs)  # fine-tuning: the head alone first (tasks/training/recipe.py)
+            self.runner.head_only = head_only
+            set_train_mode(self.runner.raw, frozen_backbone=p.freeze_backbone or head_only)
             bar = tqdm(total=steps, initial=progress.batch_in_epoch, desc=f"epoch {epoch + 1}/{p.epochs}", unit="step",
                        mininterval=2.0, disable=not self.world.is_main)  # fmt: skip
             tick = time.perf_counter()
@@ -131,6 +140,7 @@ class EpochLoop:
         progress.correct += out.correct
         progress.count += out.count
         progress.seen[indices] += 1
+        self.dynamics.add(indices, out.logits, labels)
         done = time.perf_counter()
         self.telemetry.step(
             progress.step, loss=out.loss_sum / out.count, accuracy=out.correct / out.count, grad_norm=out.grad_norm,

@@ -5,11 +5,17 @@ Train from the recipe's starting point while the learning rate grows exponential
 moving average (bias-corrected) whose window is 5% of the sweep, so a short sweep is not smeared;
 the sweep stops early once the smoothed loss is 4x its best or not finite.
 
-The suggestion is fastai's "valley" rule (its default since fastai 2.4): take the longest run of
-falling smoothed loss (the longest decreasing subsequence), and suggest the rate half-way into its
-middle third: where the loss is falling steadily, well before the bottom, where a rate is already too
-high for the model that training will start from. The minimum / 10 and the steepest point are
-reported beside it.
+The sweep stops once the loss diverges: fastai's stop_div, the smoothed loss past 4x its best (or not
+finite). Only the stretch before the loss turned for good counts: up to the lowest smoothed loss before
+that point. A loss that blows up and then falls back towards chance is a model that broke, and the
+rates past its lowest point are never suggested. When that stretch shows no real fall (the lowest smoothed
+loss less than MIN_FALL below the first), there is no suggestion, and the recipe's lr stays.
+
+The suggestion is fastai's "valley" rule (its default since fastai 2.4) over that stretch: take the
+longest run of falling smoothed loss (the longest decreasing subsequence), and suggest the rate half-way
+into its middle third: where the loss is falling steadily, well before the bottom, where a rate is
+already too high for the model that training will start from. The minimum / 10 and the steepest point
+are reported beside it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from tasks.training.models import normalize
 
 WINDOW = 0.05  # the smoothing window, as a share of the sweep's steps
 DIVERGE = 4.0
+MIN_FALL = 0.1  # the lowest smoothed loss must be this share below the first for a suggestion
 RULE = ("valley (fastai): the longest stretch of falling smoothed loss, the rate half-way into its middle "
         "third")  # fmt: skip
 
@@ -53,12 +60,32 @@ class Sweep:
     stopped: str = "reached max_lr"
 
     @property
-    def min_loss_lr(self) -> float:
-        return self.lrs[min(range(len(self.smoothed)), key=self.smoothed.__getitem__)]
+    def lowest(self) -> int:
+        """Index of the lowest smoothed loss: the end of the stretch that suggestions come from."""
+        return min(range(len(self.smoothed)), key=self.smoothed.__getitem__)
 
     @property
-    def suggestion(self) -> float:
-        return self.lrs[valley(self.smoothed)]
+    def min_loss_lr(self) -> float:
+        return self.lrs[self.lowest]
+
+    @property
+    def fall(self) -> float:
+        """How far the smoothed loss fell before it turned, as a share of the first smoothed loss."""
+        return 1.0 - self.smoothed[self.lowest] / self.smoothed[0] if self.smoothed[0] > 0 else 0.0
+
+    @property
+    def suggestion(self) -> float | None:
+        """The valley's rate within the stretch up to the lowest loss; None when the loss never really fell."""
+        if self.fall < MIN_FALL or self.lowest < 2:
+            return None
+        return self.lrs[valley(self.smoothed[: self.lowest + 1])]
+
+    def no_suggestion_why(self) -> str:
+        return (
+            f"the smoothed loss fell only {100 * self.fall:.0f}% (from {self.smoothed[0]:.3g} to "
+            f"{self.smoothed[self.lowest]:.3g} at lr {self.min_loss_lr:.3g}) before it turned; a rate needs a fall of "
+            f"at least {100 * MIN_FALL:.0f}%"
+        )
 
     @property
     def min_over_ten(self) -> float:
@@ -66,12 +93,13 @@ class Sweep:
 
     @property
     def steepest_lr(self) -> float:
-        """The rate where the smoothed loss falls fastest against log(lr) (reported, not suggested)."""
-        if len(self.smoothed) < 3:
+        """The rate where the smoothed loss falls fastest against log(lr) before it turns (reported, not suggested)."""
+        end = self.lowest + 1
+        if end < 3:
             return self.lrs[0]
         slopes = [
             (self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1])
-            for i in range(1, len(self.smoothed) - 1)
+            for i in range(1, end - 1)
         ]
         return self.lrs[1 + min(range(len(slopes)), key=slopes.__getitem__)]
 

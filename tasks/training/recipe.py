@@ -8,6 +8,11 @@ leaves an epoch several steps (`recipe.min_steps_per_epoch`), a learning rate sc
 the batch (Goyal et al. 2017, "Accurate, Large Minibatch SGD") and a warmup that is a share of the
 run. A value set in params.yaml is used as written. On the default data `auto` resolves to batch 64,
 lr 0.1, 6 epochs and 0.5 warmup epochs: the recipe that reached 0.948 there.
+
+Starting from weights (train.pretrained or init_from), `auto` is a fine-tuning recipe instead, in the
+order of fastai's `fine_tune` and the seed's advice for small data: `recipe.finetune_freeze_epochs` epochs
+that train the head alone (the backbone frozen), then every layer, at a base rate 10x lower than from
+scratch (`recipe.finetune_lr_*`) and the backbone at `recipe.finetune_backbone_lr_scale` of the head's.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ class Recipe:
         return (
             f"{self.train_images} training images: batch {p.batch_size}, lr {p.lr:g}, {p.epochs} epochs x "
             f"{self.steps_per_epoch} steps = {self.total_steps} steps, warmup {p.warmup_epochs:.3g} epochs"
-        )
+            + (f", head alone for {p.freeze_epochs} epoch(s), backbone lr x {p.backbone_lr_scale:g}"
+               if p.from_weights else "")
+        )  # fmt: skip
 
     def reasons(self) -> list[str]:
         return [f"{c.key} {c.value:g} ({'auto' if c.auto else 'params.yaml'}: {c.why})" for c in self.choices]
@@ -95,11 +102,14 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recip
         choices.append(Choice("batch_size", batch, False, "set in params.yaml"))
     steps_per_epoch = steps_in_epoch(train_images, batch)
 
+    tuning = params.from_weights
+    start = f"fine-tuning from {'train.pretrained' if params.pretrained else 'train.init_from'}" if tuning else ""
     if params.lr == AUTO:
-        base = r.base_lr_adamw if params.optimizer == "adamw" else r.base_lr_sgd
+        key = f"recipe.{'finetune_lr' if tuning else 'base_lr'}_{params.optimizer}"
+        base = getattr(r, key.removeprefix("recipe."))
         lr = base * batch / r.max_batch
-        key = f"recipe.base_lr_{params.optimizer}"
-        choices.append(Choice("lr", lr, True, f"{key} {base:g} x batch {batch} / {r.max_batch} (linear scaling)"))
+        why = f"{key} {base:g} x batch {batch} / {r.max_batch} (linear scaling)"
+        choices.append(Choice("lr", lr, True, f"{start}: {why}" if tuning else why))
     else:
         lr = float(params.lr)
         choices.append(Choice("lr", lr, False, "set in params.yaml"))
@@ -127,5 +137,26 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recip
         warmup = float(params.warmup_epochs)
         choices.append(Choice("warmup_epochs", warmup, False, "set in params.yaml"))
 
-    resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup})
+    if params.backbone_lr_scale == AUTO:
+        scale = r.finetune_backbone_lr_scale if tuning else 1.0
+        why = (
+            f"{start}: recipe.finetune_backbone_lr_scale" if tuning else "from scratch: every layer at the head's rate"
+        )
+        choices.append(Choice("backbone_lr_scale", scale, True, why))
+    else:
+        scale = float(params.backbone_lr_scale)
+        choices.append(Choice("backbone_lr_scale", scale, False, "set in params.yaml"))
+
+    if params.freeze_epochs == AUTO:
+        frozen = min(r.finetune_freeze_epochs, epochs - 1) if tuning and not params.freeze_backbone else 0
+        why = (f"{start}: recipe.finetune_freeze_epochs, the head alone before every layer" if frozen
+               else "freeze_backbone: the head alone for the whole run" if params.freeze_backbone
+               else "from scratch: every layer from the start")  # fmt: skip
+        choices.append(Choice("freeze_epochs", frozen, True, why))
+    else:
+        frozen = int(params.freeze_epochs)
+        choices.append(Choice("freeze_epochs", frozen, False, "set in params.yaml"))
+
+    resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup,
+                                         "backbone_lr_scale": scale, "freeze_epochs": frozen})  # fmt: skip
     return Recipe(resolved, train_images, steps_per_epoch, tuple(choices))

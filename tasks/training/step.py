@@ -21,8 +21,8 @@ from tasks.core.params import TrainParams
 from tasks.images.imaging import PreprocessSpec
 from tasks.training.distributed import World, all_true
 from tasks.training.hooks import Hooks
-from tasks.training.models import normalize, unwrap
-from tasks.training.optim import Schedule
+from tasks.training.models import head_name, normalize, unwrap
+from tasks.training.optim import Schedule, is_head
 from tasks.training.precision import Precision
 from tasks.training.telemetry import Telemetry, memory_report
 
@@ -51,6 +51,7 @@ class StepOutcome:
     count: int
     grad_norm: float
     applied: bool
+    logits: torch.Tensor  # (B, C) of this rank's part of the batch, detached: the training dynamics
 
 
 class StepRunner:
@@ -76,17 +77,23 @@ class StepRunner:
         self.telemetry, self.hooks = telemetry, hooks or Hooks()
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=params.label_smoothing)
         self.trainable = [p for p in self.raw.parameters() if p.requires_grad]
+        head = head_name(self.raw)
+        self.backbone = [p for name, p in self.raw.named_parameters() if p.requires_grad and not is_head(name, head)]
+        self.head_only = False  # the loop sets it for train.freeze_epochs: backbone gradients are dropped
         self.stats = StepStats(accumulation=params.accumulation_steps)
 
     def run(self, images: torch.Tensor, labels: torch.Tensor, number: int) -> StepOutcome:
         """Optimizer step `number` (1-based) on one global batch (this rank's part of it)."""
         while True:
             try:
-                loss_sum, correct = self._accumulate(images, labels, number)
+                loss_sum, correct, logits = self._accumulate(images, labels, number)
                 break
             except torch.OutOfMemoryError:
                 pass  # handled below, once the exception and the activations it references are gone
             self._shrink_micro_batch(images, number)
+        if self.head_only:  # no update, momentum or weight decay reaches the frozen backbone (grad None)
+            for p in self.backbone:
+                p.grad = None
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for p in self.trainable if p.grad is not None]
@@ -99,11 +106,11 @@ class StepRunner:
             if self.scaler is not None:
                 self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-            return StepOutcome(loss_sum, correct, len(images), grad_norm, applied=False)
+            return StepOutcome(loss_sum, correct, len(images), grad_norm, applied=False, logits=logits)
         if self.params.clip_grad_norm > 0:
             torch.nn.utils.clip_grads_with_norm_(self.trainable, self.params.clip_grad_norm, norm, foreach=True)
         applied = self._update(number)
-        return StepOutcome(loss_sum, correct, len(images), grad_norm, applied)
+        return StepOutcome(loss_sum, correct, len(images), grad_norm, applied, logits)
 
     def _update(self, number: int) -> bool:
         applied = True
@@ -122,14 +129,14 @@ class StepRunner:
             self.schedule.after_update()
         return applied
 
-    def _accumulate(self, images: torch.Tensor, labels: torch.Tensor, number: int) -> tuple[float, int]:
+    def _accumulate(self, images: torch.Tensor, labels: torch.Tensor, number: int) -> tuple[float, int, torch.Tensor]:
         """Forward/backward over the micro-batches of one step; gradients sum to the global batch's mean."""
         self.optimizer.zero_grad(set_to_none=True)
         images = images.to(self.device, non_blocking=True)
         labels = labels.to(self.device, non_blocking=True)
         micro = -(-len(images) // self.stats.accumulation)
         chunks = list(zip(images.split(micro), labels.split(micro), strict=True))
-        loss_sum, correct = 0.0, 0
+        loss_sum, correct, outputs = 0.0, 0, []
         for i, (x, y) in enumerate(chunks):
             last = i == len(chunks) - 1
             # DDP all-reduces gradients once per optimizer step, on the last micro-batch.
@@ -142,8 +149,9 @@ class StepRunner:
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
             loss_sum += loss.item() * len(x)
             correct += int((logits.argmax(1) == y).sum())
+            outputs.append(logits.detach())
         self.hooks.after_backward(number, self.raw, self.scaler.get_scale() if self.scaler is not None else 1.0)
-        return loss_sum, correct
+        return loss_sum, correct, torch.cat(outputs)
 
     def _nonfinite(self, number: int, loss: float, finite_loss: bool) -> None:
         bad = next(

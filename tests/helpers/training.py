@@ -60,7 +60,8 @@ class Steps:
 
 
 def make_trainer(model: torch.nn.Module, fault: str = "", spec: PreprocessSpec = SPEC, **update: object) -> Steps:
-    defaults = {"epochs": 1, "batch_size": 32, "lr": 0.1, "warmup_epochs": 0.0, "precision": "fp32"}
+    defaults = {"epochs": 1, "batch_size": 32, "lr": 0.1, "warmup_epochs": 0.0, "precision": "fp32",
+                "backbone_lr_scale": 1.0, "freeze_epochs": 0}  # fmt: skip
     params = TrainParams.model_validate({**defaults, **update})
     optimizer = build_optimizer(model, params)
     return Steps(StepRunner(

@@ -51,6 +51,7 @@ def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_pa
     result = evaluate.run(
         PARAMS.evaluate, model_path=model, shard_dir=shards, metrics_path=tmp_path / "m.json",
         confusion_json=tmp_path / "c.json", confusion_png=tmp_path / "c.png",
+        dynamics_path=model.parent / "train_dynamics.json",
     )  # fmt: skip
     metrics = read_json(tmp_path / "m.json")
     assert metrics["accuracy"] == result.accuracy and set(metrics["per_class"]) == {"class_0", "class_1", "class_2"}
@@ -63,8 +64,19 @@ def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_pa
     assert errors["images_scored"] == len(manifest["files"]) == 72  # every accepted image, every split
     ranked = errors["likely_label_errors"]
     assert len(ranked) == min(PARAMS.evaluate.label_errors, 72) and [e["rank"] for e in ranked] == list(range(1, 73))
-    assert [e["loss"] for e in ranked] == sorted((e["loss"] for e in ranked), reverse=True)
+    assert [e["score"] for e in ranked] == sorted(e["score"] for e in ranked)  # lowest margin first
     assert {e["split"] for e in ranked} == {"train", "val", "test"}
+    # Out of sample: a training image by its area under the margin, held-out ones by the final model.
+    dynamics = read_json(model.parent / "train_dynamics.json")
+    assert len(dynamics["aum"]) == len(dynamics["times_trained"]) == manifest["splits"]["train"]["count"]
+    assert min(dynamics["times_trained"]) >= 1
+    for entry in ranked:
+        assert entry["scored_by"] == ("area under the margin during training" if entry["split"] == "train" else
+                                      "final model, held out")  # fmt: skip
+        if entry["split"] == "train":
+            index = next(f["index"] for f in manifest["files"] if f["sha256"] == entry["sha256"])
+            assert entry["score"] == dynamics["aum"][index]
+        assert entry["suggested"] != entry["given"]
 
 
 def test_planted_label_errors_top_the_ranking(tmp_path: Path) -> None:
@@ -82,20 +94,21 @@ def test_planted_label_errors_top_the_ranking(tmp_path: Path) -> None:
     evaluate.run(
         PARAMS.evaluate.model_copy(update={"label_errors": 30}), model_path=model, shard_dir=tmp_path / "shards",
         metrics_path=tmp_path / "reports" / "metrics.json", confusion_json=tmp_path / "reports" / "c.json",
-        confusion_png=tmp_path / "reports" / "c.png", roots={"source": str(images)},
+        confusion_png=tmp_path / "reports" / "c.png", dynamics_path=tmp_path / "model" / "train_dynamics.json",
+        roots={"source": str(images)},
     )  # fmt: skip
     top = read_json(tmp_path / "reports" / "label_errors.json")["likely_label_errors"]
     assert all(Path(entry["file"]).is_file() for entry in top)  # the files a user opens to fix them
     found = [entry for entry in top if entry["file"] in planted]
     print(f"{len(found)} of 10 planted label errors in the top 30; ranks {[e['rank'] for e in found]}")
     assert len(found) >= 7
-    assert all(entry["predicted"] == "class_0" for entry in found[:7])  # the class they really are
+    assert all(entry["suggested"] == "class_0" for entry in found[:7])  # the class they really are
     # Into the review folder, the server's layout: <predicted class>/<sha256>.<ext> + sidecar; twice is once.
     copied = review_label_errors.run(tmp_path / "reports" / "label_errors.json", tmp_path / "review", top=10)
     assert len(copied) == 10 and review_label_errors.run(tmp_path / "reports" / "label_errors.json",
                                                          tmp_path / "review", top=10) == []  # fmt: skip
     first = copied[0]
-    assert first.parent.name == top[0]["predicted"] and first.read_bytes() == Path(top[0]["file"]).read_bytes()
+    assert first.parent.name == top[0]["suggested"] and first.read_bytes() == Path(top[0]["file"]).read_bytes()
     assert read_json(first.with_suffix(".json"))["file"] == top[0]["file"]
 
 

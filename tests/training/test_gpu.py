@@ -26,7 +26,8 @@ CUDA = torch.device("cuda", 0)
 
 
 def test_fp16_scaler_skips_an_overflow_and_the_schedule_waits() -> None:
-    params = TrainParams(epochs=1, batch_size=32, precision="fp16", device="cuda", warmup_epochs=0.5)
+    params = TrainParams(epochs=1, batch_size=32, precision="fp16", device="cuda", warmup_epochs=0.5,
+                         backbone_lr_scale=1.0, freeze_epochs=0)  # fmt: skip
     model = Net().to(CUDA)
     optimizer = build_optimizer(model, params)
     hooks = FaultHooks({})

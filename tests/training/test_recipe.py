@@ -50,12 +50,14 @@ def test_tiny_and_huge_folders() -> None:
 
 
 def test_explicit_values_are_obeyed_as_written() -> None:
-    explicit = DEFAULT.model_copy(update={"batch_size": 64, "lr": 0.1, "epochs": 6, "warmup_epochs": 0.5})
+    explicit = DEFAULT.model_copy(update={"batch_size": 64, "lr": 0.1, "epochs": 6, "warmup_epochs": 0.5,
+                                          "backbone_lr_scale": 0.5, "freeze_epochs": 2})  # fmt: skip
     recipe = resolve(explicit, 162)
     assert (recipe.params.batch_size, recipe.params.lr, recipe.params.epochs, recipe.params.warmup_epochs) == (
         64, 0.1, 6, 0.5,
     )  # fmt: skip
     assert not any(choice.auto for choice in recipe.choices)
+    assert (recipe.params.backbone_lr_scale, recipe.params.freeze_epochs) == (0.5, 2)
     assert recipe.total_steps == 12  # the 18-step recipe the issue measured, now chosen knowingly
     # One explicit value; the others still follow the data.
     mixed = resolve(DEFAULT.model_copy(update={"batch_size": 32}), 162)
@@ -91,3 +93,24 @@ def test_auto_and_numbers_are_the_only_values(tmp_path: object) -> None:
     with pytest.raises(ParamsError, match=r"batch_size \(30\) must be divisible"):
         parse_params({"train": {"batch_size": 30, "accumulation_steps": 4}})
     parse_params({"train": {"batch_size": "auto", "accumulation_steps": 4}})  # checked once resolved
+
+
+@pytest.mark.parametrize("start", [{"pretrained": "IMAGENET1K_V1"}, {"init_from": "models/other.pt"}])
+def test_starting_from_weights_resolves_to_a_fine_tuning_recipe(start: dict[str, str]) -> None:
+    scratch = resolve(DEFAULT, 162)
+    tuned = resolve(DEFAULT.model_copy(update=start), 162)
+    p, choices = tuned.params, {c.key: c for c in tuned.choices}
+    assert (scratch.params.backbone_lr_scale, scratch.params.freeze_epochs) == (1.0, 0)
+    assert p.lr == pytest.approx(0.0025) and p.lr == pytest.approx(scratch.params.lr / 10)  # 0.01 x 16 / 64
+    assert (p.backbone_lr_scale, p.freeze_epochs, p.batch_size, p.epochs) == (0.1, 1, 16, 40)
+    key = next(iter(start))
+    assert (
+        choices["lr"].why
+        == f"fine-tuning from train.{key}: recipe.finetune_lr_sgd 0.01 x batch 16 / 64 (linear scaling)"
+    )
+    assert choices["freeze_epochs"].why.startswith(f"fine-tuning from train.{key}: recipe.finetune_freeze_epochs")
+    assert "head alone for 1 epoch(s), backbone lr x 0.1" in tuned.summary()
+    frozen = resolve(DEFAULT.model_copy(update={**start, "freeze_backbone": True}), 162).params
+    assert frozen.freeze_epochs == 0  # the whole run trains the head alone already
+    set_by_hand = resolve(DEFAULT.model_copy(update={**start, "freeze_epochs": 0, "backbone_lr_scale": 1.0}), 162)
+    assert (set_by_hand.params.freeze_epochs, set_by_hand.params.backbone_lr_scale) == (0, 1.0)

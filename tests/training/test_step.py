@@ -87,6 +87,25 @@ def test_frozen_backbone_keeps_weights_and_batchnorm_statistics() -> None:
     assert changed == {"fc.weight", "fc.bias"}  # running_mean/var and num_batches_tracked included
 
 
+def test_a_head_only_step_leaves_the_backbone_and_its_optimizer_state_alone() -> None:
+    """train.freeze_epochs: the backbone's gradients are dropped before the update, so neither the update, nor
+    weight decay, nor a momentum buffer reaches it; the next step trains every layer."""
+    model = Net()
+    trainer = make_trainer(model, weight_decay=0.01)
+    trainer.runner.head_only = True
+    before = weights(model)
+    trainer.step(*batch())
+    after = weights(model)
+    assert torch.equal(before["conv.weight"], after["conv.weight"]) and torch.equal(
+        before["conv.bias"], after["conv.bias"]
+    )
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])
+    assert model.conv.weight not in trainer.optimizer.state and model.fc.weight in trainer.optimizer.state
+    trainer.runner.head_only = False
+    trainer.step(*batch(seed=1))
+    assert not torch.equal(after["conv.weight"], weights(model)["conv.weight"])
+
+
 @pytest.mark.filterwarnings("ignore:Detected call of")
 def test_per_group_learning_rates_follow_the_schedule_together() -> None:
     model = build_model("resnet18", 3)

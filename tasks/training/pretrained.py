@@ -1,0 +1,132 @@
+"""train.pretrained: torchvision's published weights for train.arch, from a file DVC tracks -> the model's start.
+
+The weights are named as torchvision names them (`IMAGENET1K_V1`, `DEFAULT`, ...) and resolved with
+`torchvision.models.get_weight`; the file is the one torchvision publishes, under its own name
+(`resnet18-f37072fd.pth`, whose `-<hex>.` is the start of its sha256) in paths.pretrained. `make add-weights`
+puts it there (`dvc import-url` of its URL, or `dvc add` of a copy you have) and a second machine gets it
+with `dvc pull`: nothing downloads at run time. Every tensor but the classifier head must match train.arch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchvision.models import get_model_weights, get_weight
+
+from tasks.core.errors import StageError
+from tasks.core.params import TrainParams
+from tasks.images.imaging import PreprocessSpec
+from tasks.training.checkpoint import load_init_weights
+from tasks.training.models import head_name
+
+log = logging.getLogger(__name__)
+HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's HASH_REGEX: the file name carries its sha256's start
+
+
+class WeightsError(StageError):
+    """Pretrained weights that cannot be used; the message names the key, the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """One entry of torchvision's weights registry."""
+
+    arch: str
+    name: str  # the enum member's own name (DEFAULT resolved)
+    url: str
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    crop_size: int
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def sha256_prefix(self) -> str:
+        found = HASH_IN_NAME.search(self.filename)
+        return found.group(1) if found else ""
+
+    def add_command(self) -> str:
+        return f"make add-weights ARCH={self.arch} WEIGHTS={self.name}"
+
+
+def published(arch: str, name: str) -> Published:
+    """`name` of torchvision's weights for `arch` (train.pretrained), or a WeightsError listing the valid ones."""
+    enum = get_model_weights(arch)
+    valid = [*enum.__members__]
+    if name not in valid:
+        raise WeightsError(f"train.pretrained {name!r}: torchvision has no such weights for {arch}; valid: {valid}")
+    weights = get_weight(f"{enum.__name__}.{name}")
+    transform = weights.transforms()
+    return Published(arch, weights.name, weights.url, tuple(transform.mean), tuple(transform.std),
+                     int(transform.crop_size[0]))  # fmt: skip
+
+
+def weights_file(folder: Path, weights: Published) -> Path:
+    return Path(folder) / weights.filename
+
+
+def is_published(sha256: str, weights: Published) -> bool:
+    """Does a file's sha256 start with the hash that torchvision's file name carries?"""
+    return bool(weights.sha256_prefix) and sha256.startswith(weights.sha256_prefix)
+
+
+def check_spec(weights: Published, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    """The shards' normalisation must be the one the weights were trained with."""
+    if tuple(round(x, 6) for x in mean) != weights.mean or tuple(round(x, 6) for x in std) != weights.std:
+        raise WeightsError(
+            f"train.pretrained {weights.arch} {weights.name} expects preprocess.mean {list(weights.mean)} and std "
+            f"{list(weights.std)}, the shards have {list(mean)} and {list(std)}: set them in params.yaml"
+        )
+
+
+def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) -> dict[str, Any]:
+    """Load every tensor but the head from the weights file into `model`; returns the transfer record."""
+    path = weights_file(folder, weights)
+    if not path.is_file():
+        raise WeightsError(
+            f"train.pretrained {weights.name}: {path} is missing; `dvc pull {path}.dvc` if it is in the remote, "
+            f"else `{weights.add_command()}` on a machine with internet (downloads {weights.url})"
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise WeightsError(f"train.pretrained: {path} is not a state dict torch loads ({type(exc).__name__})") from None
+    own, head = model.state_dict(), head_name(model)
+    body = {key for key in own if not key.startswith(head + ".")}
+    if not isinstance(state, dict):
+        raise WeightsError(f"train.pretrained: {path} holds no state dict (name -> tensor)")
+    wrong = sorted(k for k in body if k not in state or tuple(state[k].shape) != tuple(own[k].shape))
+    wrong += sorted(k for k in state if k not in own)  # a deeper model of the same family has more
+    if wrong:
+        raise WeightsError(
+            f"train.pretrained: {path} is not a {weights.arch} state dict: {len(wrong)} of its {len(body)} backbone "
+            f"tensors are missing, extra or of another shape (first: {wrong[0]}); `{weights.add_command()}` brings the "
+            "right file"
+        )
+    record = load_init_weights(model, path, what="train.pretrained")
+    if not is_published(record["sha256"], weights):
+        log.warning("train.pretrained: %s is not the file torchvision publishes (its sha256 %s does not start with "
+                    "%s): your own weights under its name; the model's provenance says so", path,
+                    record["sha256"][:12], weights.sha256_prefix)  # fmt: skip
+    return {**record, "weights": f"{weights.arch}.{weights.name}", "url": weights.url,
+            "published_file": is_published(record["sha256"], weights)}  # fmt: skip
+
+
+def start_weights(
+    model: torch.nn.Module, params: TrainParams, spec: PreprocessSpec, pretrained_dir: Path
+) -> dict[str, Any] | None:
+    """What the model starts from: train.pretrained, train.init_from or nothing; the transfer record."""
+    if params.pretrained:
+        weights = published(params.arch, params.pretrained)
+        check_spec(weights, spec.mean, spec.std)
+        return load_pretrained(model, pretrained_dir, weights)
+    if params.init_from:
+        return load_init_weights(model, params.init_from)
+    return None

@@ -1,0 +1,114 @@
+"""train.pretrained: torchvision's registry, the DVC-tracked weights file, and every way it can be wrong.
+
+No weights are downloaded: the tests make a state dict of the right architecture and plant it under the name
+torchvision publishes it with, where the loader looks (paths.pretrained)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+from tasks import add_weights
+from tasks.core.errors import StageError
+from tasks.core.params import ParamsError, parse_params
+from tasks.training.models import build_model
+from tasks.training.pretrained import WeightsError, check_spec, load_pretrained, published
+from tests.helpers.project import commit, dvc, make_project, sh
+
+RESNET18 = published("resnet18", "IMAGENET1K_V1")
+
+
+def plant(folder: Path, model: torch.nn.Module, name: str = RESNET18.filename) -> Path:
+    """A torchvision-style state dict (1000-class head, like ImageNet weights) where the loader looks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), folder / name)
+    return folder / name
+
+
+def test_weights_resolve_through_torchvisions_registry() -> None:
+    default = published("resnet18", "DEFAULT")
+    assert default == RESNET18 and RESNET18.filename == "resnet18-f37072fd.pth" and RESNET18.sha256_prefix == "f37072fd"
+    assert RESNET18.mean == (0.485, 0.456, 0.406) and RESNET18.crop_size == 224
+    assert published("resnet50", "IMAGENET1K_V2").url.endswith("resnet50-11ad3fa6.pth")
+    valid = r"valid: \['IMAGENET1K_V1', 'IMAGENET1K_V2', 'DEFAULT'\]"
+    with pytest.raises(WeightsError, match=r"'IMAGENET22K': torchvision has no such weights for resnet50; " + valid):
+        published("resnet50", "IMAGENET22K")
+
+
+def test_pretrained_and_init_from_together_are_refused() -> None:
+    with pytest.raises(ParamsError, match=r"train: .*pretrained \(DEFAULT\) and init_from \(m.pt\) both set"):
+        parse_params({"train": {"pretrained": "DEFAULT", "init_from": "m.pt"}})
+
+
+def test_a_missing_file_names_the_command_and_the_url(tmp_path: Path) -> None:
+    with pytest.raises(WeightsError) as caught:
+        load_pretrained(build_model("resnet18", 3), tmp_path, RESNET18)
+    message = str(caught.value)
+    assert "\n" not in message and f"{tmp_path}/resnet18-f37072fd.pth is missing" in message
+    assert "make add-weights ARCH=resnet18 WEIGHTS=IMAGENET1K_V1" in message and RESNET18.url in message
+
+
+@pytest.mark.parametrize("other", ["mobilenet_v3_small", "resnet34"])
+def test_a_file_of_another_arch_is_refused(tmp_path: Path, other: str) -> None:
+    plant(tmp_path, getattr(torchvision.models, other)(weights=None))
+    model = build_model("resnet18", 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(WeightsError, match=r"resnet18-f37072fd.pth is not a resnet18 state dict: \d+ of its"):
+        load_pretrained(model, tmp_path, RESNET18)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was loaded
+
+
+def test_weights_load_all_but_the_head_and_say_they_are_not_the_published_file(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    source = torchvision.models.resnet18(weights=None)  # 1000 classes, as ImageNet's
+    path = plant(tmp_path, source)
+    model = build_model("resnet18", 3)
+    record = load_pretrained(model, tmp_path, RESNET18)
+    assert record["weights"] == "resnet18.IMAGENET1K_V1" and record["url"] == RESNET18.url
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and record["published_file"] is False
+    assert [s["name"] for s in record["skipped"]] == ["fc.weight", "fc.bias"]
+    assert torch.equal(model.layer4[1].conv2.weight, source.layer4[1].conv2.weight)
+
+
+def test_the_shards_normalisation_must_be_the_weights_own() -> None:
+    check_spec(RESNET18, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    with pytest.raises(WeightsError, match=r"expects preprocess.mean \[0.485, 0.456, 0.406\] and std .* the shards "
+                                           r"have \[0.5, 0.5, 0.5\]"):  # fmt: skip
+        check_spec(RESNET18, (0.5, 0.5, 0.5), (0.229, 0.224, 0.225))
+
+
+def test_add_weights_refuses_a_file_whose_hash_does_not_match(tmp_path: Path) -> None:
+    src = plant(tmp_path / "downloads", torchvision.models.resnet18(weights=None))
+    folder = tmp_path / "models" / "pretrained"
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  arch: resnet34\n")
+    with pytest.raises(
+        StageError,
+        match=r"SRC .*: sha256 [0-9a-f]{16}\.\.\. does not start with f37072fd, the hash "
+        r"in torchvision's file name resnet18-f37072fd.pth: .* nothing was added",
+    ):
+        add_weights.run(RESNET18, folder=folder, src=src, params_file=params)
+    assert not folder.exists() and params.read_text() == "train:\n  arch: resnet34\n"
+
+
+def test_a_second_clone_gets_the_weights_with_dvc_pull(tmp_path: Path) -> None:
+    """The file a test plants and `dvc add`s, pushed to a DVC remote, reaches another clone by `dvc pull`, and
+    the train stage's dvc.lock entry depends on it."""
+    repo = make_project(tmp_path / "one")
+    path = plant(repo / "models" / "pretrained", torchvision.models.resnet18(weights=None))
+    dvc("add", str(path.relative_to(repo)), cwd=repo)
+    dvc("remote", "add", "-d", "store", str(tmp_path / "remote"), cwd=repo)
+    dvc("push", cwd=repo)
+    commit(repo, "weights")
+    assert "resnet18-f37072fd.pth" in (repo / "models/pretrained/.gitignore").read_text()
+    status = dvc("status", "train", "--json", cwd=repo, check=False).stdout
+    assert "models/pretrained" in status  # a dependency of train (changed: it was never run here)
+    sh(["git", "clone", "-q", str(repo), str(tmp_path / "two")], cwd=tmp_path)
+    second = tmp_path / "two" / "models" / "pretrained" / RESNET18.filename
+    assert not second.exists()
+    dvc("pull", f"models/pretrained/{RESNET18.filename}.dvc", cwd=tmp_path / "two")
+    assert second.read_bytes() == path.read_bytes()
