@@ -17,7 +17,7 @@ from tests.helpers.folders import make_imagefolder
 ROOT = Path(__file__).resolve().parents[2]
 
 
-PROJECT_FILES = ("tasks", "flows", "baseline", "dvc.yaml", "params.yaml")
+PROJECT_FILES = ("tasks", "flows", "baseline", "models/pretrained", "dvc.yaml", "params.yaml")
 
 
 # A run small enough for a test: 10 x 12 generated images at 32 px, one short epoch.
@@ -104,7 +104,7 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
             # behind, so every test project starts with no baseline.
             shutil.copytree(
                 src,
-                dest / name,
+                dest / name,  # models/pretrained: its README only (no weights are tracked in the checkout)
                 ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json", "*.onnx", "*.dvc"),
             )
         else:
