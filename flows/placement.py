@@ -7,8 +7,9 @@ machines share only a git remote and a DVC remote; dvc.yaml stays the one DAG:
 
   train-flow (this machine)                       run-stage (the pool's machine, its own checkout)
   dvc push <the stage's upstream stages>  -DVC->  git fetch; check out train-flow's commit;
+    (and the .dvc files in its dep folders: train's models/pretrained)
   send: the commit, dvc.lock, params.yaml           write dvc.lock and params.yaml as sent
-                                                  dvc pull <upstream stages>
+                                                  dvc pull <upstream stages> (and those .dvc files)
                                                   dvc repro --single-item <stage>   (DVC decides)
                                                   dvc push <stage>
   git fetch refs/imagepipe/stages/<run id> <-git- a commit of dvc.lock + the stage's `cache: false` outputs
@@ -112,14 +113,35 @@ def changed_by_hand(repo: Path, stages: dict[str, Stage]) -> list[str]:
 # -- this machine: send the stage, take it back --------------------------------------------------
 
 
+def _tracked(repo: Path, stages: dict[str, Stage]) -> set[str]:
+    return set(git(repo, "ls-files", "-z").split("\0")) - (written_by_runs(repo, stages) - {"params.yaml"})
+
+
+def dvc_files_in_deps(repo: Path, stage: str, stages: dict[str, Stage]) -> list[str]:
+    """The commit's .dvc files inside the stage's dependency folders (train's models/pretrained): the files
+    they track reach the other machine through the DVC remote, `dvc push` here and `dvc pull` there."""
+    folders = [dep.rstrip("/") + "/" for dep in stages[stage].deps if (repo / dep).is_dir()]
+    return sorted(path for path in _tracked(repo, stages) if path.endswith(".dvc") and path.startswith(tuple(folders)))
+
+
+def _folder_travels(repo: Path, dep: str, tracked: set[str], dvc_files: list[str]) -> bool:
+    """Every file of the folder is a file of the commit or one its .dvc files track."""
+    if not (repo / dep).is_dir():
+        return False
+    carried = tracked | {path.removesuffix(".dvc") for path in dvc_files}
+    return all(str(path.relative_to(repo)) in carried for path in (repo / dep).rglob("*") if path.is_file())
+
+
 def _check_inputs(repo: Path, stage: str, stages: dict[str, Stage]) -> None:
-    """What reaches the other machine: the commit's files (git) and the cached outputs of upstream stages
-    (the DVC remote). A stage that reads anything else (an uncached output such as reports/export.json,
-    a `dvc add`ed folder such as baseline/) cannot be placed yet: refuse rather than run on stale copies."""
+    """What reaches the other machine: the commit's files (git), the cached outputs of upstream stages and the
+    files the commit's .dvc files track in a dependency folder (the DVC remote). A stage that reads anything
+    else (an uncached output such as reports/export.json, a folder with files of neither kind) cannot be
+    placed yet: refuse rather than run on stale copies."""
     cached = {path for up in stages[stage].upstream for path in set(stages[up].outs) - set(stages[up].uncached)}
-    tracked = set(git(repo, "ls-files", "-z").split("\0")) - (written_by_runs(repo, stages) - {"params.yaml"})
+    tracked = _tracked(repo, stages)
+    dvc_files = dvc_files_in_deps(repo, stage, stages)
     for dep in stages[stage].deps:
-        if dep not in tracked and dep not in cached:
+        if dep not in tracked and dep not in cached and not _folder_travels(repo, dep, tracked, dvc_files):
             raise PlacementError(
                 f"{stage} cannot be placed: it reads {dep}, which is neither a file of the commit nor a cached "
                 "output of an upstream stage, so it would not reach the other machine"
@@ -200,9 +222,9 @@ def placed_stage(
         )
     _check_inputs(repo, stage, stages)
     commit = _commit_on_remote(repo, git_remote, pool)
-    upstream = sorted(stages[stage].upstream)
-    if upstream:  # its inputs, for the other machine's `dvc pull`
-        _dvc(repo, "push", *upstream, remote=dvc_remote, log=logger.info)
+    inputs = [*sorted(stages[stage].upstream), *dvc_files_in_deps(repo, stage, stages)]
+    if inputs:  # for the other machine's `dvc pull`
+        _dvc(repo, "push", *inputs, remote=dvc_remote, log=logger.info)
     with dvc_lock(repo):  # a stage running here may be writing dvc.lock right now
         files = {name: (repo / name).read_text() for name in SENT if (repo / name).is_file()}
     deployment = DEPLOYMENT.format(pool=pool)
@@ -343,9 +365,9 @@ def run_stage_flow(
     stages = load_stages(repo)
     if stage not in stages:
         raise PlacementError(f"dvc.yaml of commit {commit[:12]} has no stage {stage!r}")
-    upstream = sorted(stages[stage].upstream)
-    if upstream:
-        _dvc(repo, "pull", *upstream, remote=dvc_remote, log=logger.info)
+    inputs = [*sorted(stages[stage].upstream), *dvc_files_in_deps(repo, stage, stages)]
+    if inputs:
+        _dvc(repo, "pull", *inputs, remote=dvc_remote, log=logger.info)
     report = stage_reports(load_params(repo / PARAMS_FILE).paths).get(stage)
     done = run_stage(stage, str(repo), str(report) if report else None)
     _dvc(repo, "push", stage, remote=dvc_remote, log=logger.info)

@@ -105,11 +105,12 @@ def _label_errors(
         raise StageError(f"{dynamics_path}: {len(aum)} training images, the shards have another train split; "
                          "rerun train (dvc repro train)")  # fmt: skip
     ranking = label_error_ranking(np.concatenate(blocks), entries, spec.class_names, roots, params.label_errors,
-                                  train_aum=aum, train_p_given=p_given)  # fmt: skip
+                                  train_aum=aum, train_p_given=p_given,
+                                  times_trained=np.asarray(dynamics["times_trained"]))  # fmt: skip
     write_json(path, {
         "rule": "every accepted image ranked by its score, lowest first: its given label's logit minus the largest "
-                f"other one, judged out of sample. Val and test images: {HELD_OUT}. Training images: "
-                f"{DURING_TRAINING}, {dynamics['rule']}",
+                f"other one, judged out of sample. Val and test images, and training images no step drew: "
+                f"{HELD_OUT}. Training images: {DURING_TRAINING}, {dynamics['rule']}",
         "images_scored": len(entries), "likely_label_errors": ranking,
     })  # fmt: skip
 

@@ -50,6 +50,7 @@ def margins(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
 def label_error_ranking(
     logits: np.ndarray, entries: Sequence[Mapping[str, Any]], class_names: Sequence[str],
     roots: Mapping[str, str], count: int, *, train_aum: np.ndarray, train_p_given: np.ndarray,
+    times_trained: np.ndarray,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The `count` likeliest label errors, each judged by a model that did not learn it: lowest score first.
 
@@ -57,15 +58,18 @@ def label_error_ranking(
     final model's; `roots` maps an entry's root name to the folder it was read from, so `file` is the path a
     user can open and fix. A val or test image's score is the final model's margin (`margins`); a training
     image's is its area under the margin (`train_aum[index]`): the final model has memorised its training
-    images, mislabeled ones too, so its verdict on them says little. `suggested` is the class the final
-    model likes best after the given one.
+    images, mislabeled ones too, so its verdict on them says little. A training image that no step drew
+    (`times_trained` 0: whole batches only) is held out too, and the final model scores it. `suggested` is
+    the class the final model likes best after the given one.
     """
     labels = np.array([entry["label"] for entry in entries], dtype=np.int64)
     log_probs = log_softmax(logits)
     rows = np.arange(len(labels))
     score, p_given = margins(logits, labels), np.exp(log_probs[rows, labels])
+    index = np.array([entry["index"] for entry in entries], dtype=np.int64)
     in_train = np.array([entry["split"] == "train" for entry in entries], dtype=bool)
-    train_index = np.array([entry["index"] for entry in entries], dtype=np.int64)[in_train]
+    in_train[in_train] = times_trained[index[in_train]] > 0
+    train_index = index[in_train]
     score[in_train], p_given[in_train] = train_aum[train_index], train_p_given[train_index]
     predicted = log_probs.argmax(axis=1)
     others = log_probs.copy()

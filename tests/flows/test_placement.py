@@ -14,10 +14,11 @@ from flows.placement import (
     _commit_on_remote,
     changed_files,
     check_placement,
+    dvc_files_in_deps,
     placed_stage,
     written_by_runs,
 )
-from tests.helpers.project import commit, make_project, sh
+from tests.helpers.project import commit, dvc, make_project, sh
 
 
 @pytest.fixture
@@ -44,6 +45,21 @@ def test_only_stages_whose_inputs_travel_can_be_placed(pushed: Path) -> None:
         _check_inputs(pushed, stage, stages)
     with pytest.raises(PlacementError, match=r"check_regression cannot be placed: it reads reports/export.json"):
         _check_inputs(pushed, "check_regression", stages)
+
+
+def test_weights_that_dvc_tracks_travel_with_a_placed_train(pushed: Path) -> None:
+    """train depends on models/pretrained: its .dvc-tracked weights reach the pool's machine by dvc push/pull;
+    a file there that neither git nor DVC tracks would not, so train cannot be placed with it."""
+    stages = load_stages(pushed)
+    assert dvc_files_in_deps(pushed, "train", stages) == []
+    weights = pushed / "models/pretrained/resnet18-f37072fd.pth"
+    weights.write_bytes(b"weights")
+    with pytest.raises(PlacementError, match="train cannot be placed: it reads models/pretrained"):
+        _check_inputs(pushed, "train", stages)
+    dvc("add", "models/pretrained/resnet18-f37072fd.pth", cwd=pushed)
+    commit(pushed, "weights")
+    assert dvc_files_in_deps(pushed, "train", stages) == ["models/pretrained/resnet18-f37072fd.pth.dvc"]
+    _check_inputs(pushed, "train", stages)
 
 
 def test_placement_names_only_stages_of_dvc_yaml(pushed: Path) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from tasks.core.params import TrainParams
 from tasks.training.checkpoint import (
+    FORMAT,
     Checkpointer,
     CheckpointError,
     RunIdentity,
@@ -178,7 +179,7 @@ def test_a_checkpoint_of_another_format_starts_the_run_fresh_with_a_warning(
     torch.save({**old, "format": 1}, ckpt.last)
     with caplog.at_level("WARNING", logger="tasks.training.checkpoint"):
         assert ckpt.load() is None
-    assert "a checkpoint of format 1, this code reads format 2; starting this run fresh" in caplog.text
+    assert f"a checkpoint of format 1, this code reads format {FORMAT}; starting this run fresh" in caplog.text
     torch.save({"weights": torch.ones(1)}, ckpt.last)  # not ours at all: refused, with the way out
     with pytest.raises(CheckpointError, match=r"not a checkpoint of this pipeline; delete it or set train.resume"):
         ckpt.load()
