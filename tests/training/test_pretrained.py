@@ -112,3 +112,24 @@ def test_a_second_clone_gets_the_weights_with_dvc_pull(tmp_path: Path) -> None:
     assert not second.exists()
     dvc("pull", f"models/pretrained/{RESNET18.filename}.dvc", cwd=tmp_path / "two")
     assert second.read_bytes() == path.read_bytes()
+
+
+def test_an_imported_file_whose_hash_does_not_match_leaves_nothing_behind(tmp_path: Path) -> None:
+    """`dvc import-url` from a mirror (a local path here: nothing downloads in a test) of a file that is not the
+    published one: refused after the import, which is undone (no file, no .dvc file, params.yaml as it was)."""
+    import os
+
+    repo = make_project(tmp_path / "repo")
+    commit(repo, "the project")
+    mirror = plant(tmp_path / "mirror", torchvision.models.resnet18(weights=None))
+    params = (repo / "params.yaml").read_text()
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        with pytest.raises(StageError, match=rf"{mirror}: sha256 [0-9a-f]{{16}}\.\.\. does not start with f37072fd"):
+            add_weights.run(RESNET18, folder=Path("models/pretrained"), url=str(mirror))
+    finally:
+        os.chdir(cwd)
+    assert sorted(p.name for p in (repo / "models/pretrained").iterdir()) == ["README.md"]
+    assert (repo / "params.yaml").read_text() == params
+    assert sh(["git", "status", "--porcelain"], cwd=repo).stdout == ""
