@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from tasks.core.param_errors import describe_errors
 from tasks.core.paths import Paths
@@ -221,17 +221,20 @@ class TrainParams(Section):
     augment: AugmentParams = AugmentParams()
     recipe: RecipeParams = RecipeParams()
 
+    @field_validator("init_from")
+    @classmethod
+    def _one_start(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        pretrained = info.data.get("pretrained")
+        if value is not None and pretrained is not None:
+            raise ValueError(f"train.pretrained ({pretrained}) is set too: the model starts from one; leave one empty")
+        return value
+
     @property
     def from_weights(self) -> bool:
         return self.pretrained is not None or self.init_from is not None
 
     @model_validator(mode="after")
     def _batch_splits(self) -> TrainParams:
-        if self.pretrained is not None and self.init_from is not None:
-            raise ValueError(
-                f"pretrained ({self.pretrained}) and init_from ({self.init_from}) both set: the model starts from one; "
-                "leave the other empty"
-            )
         parts = self.nnodes * self.nproc_per_node * self.accumulation_steps
         if self.batch_size != AUTO and self.batch_size % parts:
             nodes = f"nnodes ({self.nnodes}) x " if self.nnodes > 1 else ""

@@ -40,7 +40,8 @@ def test_weights_resolve_through_torchvisions_registry() -> None:
 
 
 def test_pretrained_and_init_from_together_are_refused() -> None:
-    with pytest.raises(ParamsError, match=r"train: .*pretrained \(DEFAULT\) and init_from \(m.pt\) both set"):
+    expected = r"train.init_from: .*train.pretrained \(DEFAULT\) is set too.*\(got .m.pt.\)"
+    with pytest.raises(ParamsError, match=expected):
         parse_params({"train": {"pretrained": "DEFAULT", "init_from": "m.pt"}})
 
 
