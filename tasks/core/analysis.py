@@ -37,14 +37,15 @@ HELD_OUT = "final model, held out"  # val and test images: the final model never
 DURING_TRAINING = "area under the margin during training"  # train images (tasks/training/dynamics.py)
 
 
-def margins(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Logit of the given label minus the largest other logit (N,): negative when the model prefers another."""
+def margins(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(logit of the given label minus the largest other logit (N,): negative when the model prefers another;
+    the class of that largest other logit (N,))."""
     z = np.asarray(logits, dtype=np.float64)
     rows = np.arange(len(labels))
-    given = z[rows, labels]
     other = z.copy()
     other[rows, labels] = -np.inf
-    return given - other.max(axis=1)
+    best_other = other.argmax(axis=1)
+    return z[rows, labels] - other[rows, best_other], best_other
 
 
 def label_error_ranking(
@@ -65,16 +66,13 @@ def label_error_ranking(
     labels = np.array([entry["label"] for entry in entries], dtype=np.int64)
     log_probs = log_softmax(logits)
     rows = np.arange(len(labels))
-    score, p_given = margins(logits, labels), np.exp(log_probs[rows, labels])
+    (score, suggested), p_given = margins(logits, labels), np.exp(log_probs[rows, labels])
     index = np.array([entry["index"] for entry in entries], dtype=np.int64)
     in_train = np.array([entry["split"] == "train" for entry in entries], dtype=bool)
     in_train[in_train] = times_trained[index[in_train]] > 0
     train_index = index[in_train]
     score[in_train], p_given[in_train] = train_aum[train_index], train_p_given[train_index]
     predicted = log_probs.argmax(axis=1)
-    others = log_probs.copy()
-    others[rows, labels] = -np.inf
-    suggested = others.argmax(axis=1)
     r = lambda x: round(float(x), DIGITS)  # noqa: E731
     ranked = []
     for rank, i in enumerate(np.argsort(score, kind="stable")[:count].tolist(), start=1):
