@@ -107,7 +107,7 @@ def test_flow_runs_every_stage_once_in_dependency_order() -> None:
 
 def test_default_data_flows_from_generate_to_preprocess() -> None:
     assert "generate" in upstream(STAGES)["preprocess"]
-    assert upstream(STAGES)["train"] == {"preprocess"}
+    assert upstream(STAGES)["train"] == {"environment", "preprocess"}
 
 
 def test_the_committed_dvc_lock_is_the_current_pipelines() -> None:

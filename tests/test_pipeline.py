@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import dvc, make_project, sh
+from tests.helpers.project import ROOT, commit, dvc, make_project, ran_stages, sh, stale_stages
 
 
 def lock_md5s(repo: Path) -> dict[str, str]:
@@ -40,9 +43,9 @@ def test_repro_produces_every_output(repo: Path) -> None:
 def test_second_repro_changes_nothing(repo: Path) -> None:
     before = (repo / "dvc.lock").read_text()
     out = dvc("repro", cwd=repo).stdout
-    assert "Data and pipelines are up to date" in out
+    assert ran_stages(out) == ["environment"], out
     assert (repo / "dvc.lock").read_text() == before
-    assert "Data and pipelines are up to date" in dvc("status", cwd=repo).stdout
+    assert stale_stages(repo) == {}
 
 
 def test_from_scratch_twice_gives_identical_outputs(repo: Path, tmp_path: Path) -> None:
@@ -73,3 +76,42 @@ def test_users_own_folder_with_other_classes(repo: Path, tmp_path: Path) -> None
     metrics = json.loads((repo / "reports/metrics.json").read_text())
     assert sorted(metrics["per_class"]) == ["class_0", "class_1", "class_2", "class_3"]
     assert sorted(p.name for p in (repo / "data/generated").iterdir()) == ["SKIPPED.txt"]
+
+
+def check_reproduced(repo: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "scripts/lock_diff.py"), "HEAD"], cwd=repo,
+                          capture_output=True, text=True)  # fmt: skip
+
+
+def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(repo: Path, tmp_path: Path) -> None:
+    commit(repo, "the run record")
+    same = check_reproduced(repo)
+    assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout
+    lock = (repo / "dvc.lock").read_text()
+    model_md5 = yaml.safe_load(lock)["stages"]["train"]["outs"][0]["md5"]
+    try:  # the same environment and inputs, other bytes: a bug, named by stage and file
+        (repo / "dvc.lock").write_text(lock.replace(model_md5, "0" * 32))
+        bug = check_reproduced(repo)
+        assert bug.returncode == 1, bug.stdout
+        assert "NOT REPRODUCED with the same inputs and the same environment" in bug.stdout
+        assert "  train: models/model.pt" in bug.stdout
+    finally:
+        (repo / "dvc.lock").write_text(lock)
+
+    # A clone whose CPU says it has native bf16: precision auto resolves to bf16, so train reruns there
+    # (its environment record is a dep) and check-reproduced names why the bytes differ.
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=clone, capture_output=True, text=True,
+                          env={**os.environ, "IMAGEPIPE_NATIVE_BF16": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads((clone / "reports/environment/train.json").read_text())["precision"] == "bf16"
+    assert json.loads((clone / "reports/train_run.json").read_text())["precision"] == "bf16"
+    other = check_reproduced(clone)
+    assert other.stdout.startswith("another environment than HEAD"), other.stdout
+    assert "train: precision bf16 here, fp32 in the committed run" in other.stdout
+    assert "models/model.pt" in other.stdout and "evaluate" not in other.stdout.split("outputs that differ")[0]
+    deltas = [line for line in other.stdout.splitlines() if line.strip().startswith(("accuracy:", "macro_f1:"))]
+    assert len(deltas) == 2 and all("committed (delta" in line for line in deltas), other.stdout
+    within = all(line.endswith("within") for line in deltas)
+    assert other.returncode == (0 if within else 1), other.stdout

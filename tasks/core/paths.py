@@ -104,6 +104,10 @@ class Paths(BaseModel):
         return self.reports / "regression.md"
 
     @property
+    def environment(self) -> Path:
+        return self.reports / "environment"  # environment: one <stage>.json per stage, each a dep of its stage
+
+    @property
     def gate(self) -> Path:
         return self.reports / "gate.json"  # the verdict's status as a dvc metric
 

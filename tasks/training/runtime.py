@@ -11,6 +11,8 @@ import random
 import numpy as np
 import torch
 
+from tasks.core.environment import usable_cores
+
 log = logging.getLogger(__name__)
 
 
@@ -28,7 +30,7 @@ def seed_everything(seed: int, threads: int, device: torch.device) -> None:
 
 def cpu_threads(requested: int, processes_per_node: int) -> int:
     """train.threads, or (0) the cores split between this node's processes."""
-    return requested or max(1, (os.cpu_count() or 1) // processes_per_node)
+    return requested or max(1, usable_cores() // processes_per_node)
 
 
 def warn_if_cores_busy(threads: int, processes_per_node: int = 1) -> float:
@@ -37,7 +39,7 @@ def warn_if_cores_busy(threads: int, processes_per_node: int = 1) -> float:
     Threads that outnumber the free cores wait for each other at every parallel region: two trainings
     sharing 2 cores ran 2.4x slower each with the stages' GOMP_SPINCOUNT, up to 7x with libgomp's
     default spin (bench/bench_shared_cores.py)."""
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     load = os.getloadavg()[0]
     if load >= cores - 0.5:
         log.warning(

@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tasks.core.environment import usable_cores
 from tasks.images.imaging import PreprocessSpec
 
 INPUT_NAME, OUTPUT_NAME = "input", "logits"  # the ONNX graph's input and output
@@ -84,7 +84,7 @@ def load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, dict[str, str]
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[int]:
     before = torch.get_num_threads()
-    torch.set_num_threads(threads or os.cpu_count() or 1)
+    torch.set_num_threads(threads or usable_cores())
     try:
         yield torch.get_num_threads()
     finally:

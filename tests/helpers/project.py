@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,6 +89,20 @@ def commit(repo: Path, message: str) -> None:
 
 def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     return sh([sys.executable, "-m", "dvc", *args], cwd=cwd, check=check)
+
+
+def stale_stages(repo: Path) -> dict[str, Any]:
+    """`dvc status --json` without the environment stage's "always changed": it checks the machine on every
+    `dvc repro`, so DVC always lists it. {} means nothing is left for `dvc repro` to do."""
+    status = json.loads(dvc("status", "--json", cwd=repo).stdout or "{}")
+    if status.get("environment") == ["always changed"]:
+        del status["environment"]
+    return status
+
+
+def ran_stages(output: str) -> list[str]:
+    """The stages a `dvc repro` ran, from its output (the environment stage runs every time)."""
+    return re.findall(r"Running stage '([^']+)'", output)
 
 
 def write_params(repo: Path, update: dict[str, Any]) -> None:

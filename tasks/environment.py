@@ -1,0 +1,93 @@
+"""Stage environment: this machine and venv -> reports/environment/<stage>.json, one per stage.
+
+What each stage resolves outside params.yaml: library versions, the CPU features that choose kernels,
+device, precision, memory format and threads, resolved by the same functions the stages use. Each file
+is a dependency of its stage in dvc.yaml, and this stage is `always_changed`: DVC runs it on every
+`dvc repro` (about 3 s), and a stage reruns only when its own file's bytes changed. A clone on a CPU
+with native bf16 therefore retrains (its train file says bf16), one with the same machine does not,
+and `make check-reproduced` names what differed from the committed run.
+
+check_regression's file also says whether the gate is enforced: not under `dvc exp run`, which
+records the verdict only. A production run after an experiment thus sees a changed file and reruns the
+gate, enforced, instead of reading the experiment's record.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.core.cli import stage_main
+from tasks.core.environment import LIBRARIES, cpu_flags, dvc_experiment, library_versions, machine, usable_cores
+from tasks.core.io import write_json
+from tasks.core.params import Params
+from tasks.training import distributed
+from tasks.training.precision import resolve_precision
+from tasks.training.runtime import cpu_threads
+
+log = logging.getLogger(__name__)
+
+
+def cpu(flags: list[str]) -> dict[str, Any]:
+    """The CPU as kernels see it: torch's dispatch level and the flags oneDNN and onnxruntime test."""
+    return {"torch_capability": torch.backends.cpu.get_cpu_capability(), "flags": flags}
+
+
+def resolve(params: Params) -> dict[str, dict[str, Any]]:
+    """Each stage's environment, as that stage resolves it on this machine."""
+    flags = cpu_flags()
+    world = distributed.world_from_env()
+    t = params.train
+    try:
+        device = distributed.resolve_device(t.device, world)
+    except RuntimeError as exc:  # train.device cuda on a machine without one: the train stage says so
+        device, train = None, {"device": f"unavailable: {exc}"}
+    if device is not None:
+        train = {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "precision": resolve_precision(t.precision, device).name,
+            "memory_format": "contiguous",
+            "threads": cpu_threads(t.threads, t.nproc_per_node),
+            "processes_per_node": t.nproc_per_node,
+            "nodes": t.nnodes,
+        }
+    stages: dict[str, dict[str, Any]] = {
+        "generate": {},
+        "preprocess": {},
+        "train": {**train, "cpu": cpu(flags)},
+        "evaluate": {"device": "cpu", "precision": "fp32", "threads": torch.get_num_threads(), "cpu": cpu(flags)},
+        "export": {"device": "cpu", "threads": params.export.threads or usable_cores(), "cpu": cpu(flags)},
+        "check_regression": {
+            "device": "cpu",
+            "threads": usable_cores(),
+            "cpu_flags": flags,
+            "gate": "recorded only (dvc exp run)" if dvc_experiment() else "enforced",
+        },  # fmt: skip
+    }
+    return {name: {"stage": name, **machine(), "libraries": library_versions(LIBRARIES[name]), **env}
+            for name, env in stages.items()}  # fmt: skip
+
+
+def run(params: Params, out_dir: Path) -> dict[str, dict[str, Any]]:
+    resolved = resolve(params)
+    for name, record in resolved.items():
+        write_json(out_dir / f"{name}.json", record)
+    t = resolved["train"]
+    log.info("train: %s, %s, %s thread(s); torch %s; gate %s", t["device"], t.get("precision", "-"),
+             t.get("threads", "-"), t["libraries"]["torch"], resolved["check_regression"]["gate"])  # fmt: skip
+    return resolved
+
+
+def _main(p: Params) -> None:
+    run(p, p.paths.environment)
+
+
+def main() -> None:
+    stage_main("environment", _main)
+
+
+if __name__ == "__main__":
+    main()
