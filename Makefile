@@ -54,8 +54,11 @@ test-slow: setup serve-venv
 # wrote, the uncached metrics and plots in reports/, and the params they came from. Then
 # `dvc metrics diff`, `dvc params diff` and `dvc exp show` compare against this run; `dvc push` shares
 # the cached outputs. Nothing is committed when nothing changed.
+# It refuses a recorded regression (ALLOW_REGRESSION=1 accepts it), a verdict `dvc exp run` recorded
+# without enforcing it, and a model trained with test hooks (tasks/release/gate.py).
 MSG ?= pipeline run: dvc.lock and reports
 commit-run: setup
+	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.release.gate commit-run
 	git add dvc.yaml dvc.lock params.yaml reports data models $(wildcard baseline)
 	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
 	else git commit -q -m "$(MSG)" && git log --oneline -1; fi
@@ -90,7 +93,7 @@ add-weights: setup
 # check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against
 # the new baseline, so dvc.lock records it as DVC would (`dvc status` stays clean): then make commit-run.
 promote: setup
-	$(BIN)/python -m tasks.promote
+	ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.promote
 	$(BIN)/dvc repro --single-item check_regression
 
 lint: setup

@@ -11,11 +11,11 @@ lists, and the experiment is kept. With no baseline yet the baseline rules pass 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
 from tasks.core.cli import stage_main
+from tasks.core.environment import dvc_experiment
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, read_json, write_json
 from tasks.core.params import Params, RegressionParams
@@ -72,7 +72,8 @@ def run(
             "metrics": metrics,
         },
     )
-    write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "summary": verdict.summary()})
+    write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,
+                           "summary": verdict.summary()})  # fmt: skip
     table = format_table(verdict)
     with atomic_file(table_path, "w") as handle:
         handle.write(f"# Regression check\n\n`{onnx_path}` (sha256 `{model.sha256}`), scored on the test split, "
@@ -80,11 +81,6 @@ def run(
     log.info("%s (accuracy %.4f on %d test images) vs %s\n%s", onnx_path, metrics["accuracy"],
              metrics["num_samples"], baseline_path, table)  # fmt: skip
     return verdict
-
-
-def experiment_name() -> str | None:
-    """The experiment `dvc exp run` is running (DVC sets DVC_EXP_NAME for the stages' commands), if any."""
-    return os.environ.get("DVC_EXP_NAME") or None
 
 
 def _main(p: Params) -> int:
@@ -102,7 +98,7 @@ def _main(p: Params) -> int:
         log.info("%s", verdict.summary())
         return 0
     details = "".join(f"\n  {r.describe()}" for r in verdict.failures) if not verdict.mismatch else ""
-    experiment = experiment_name()
+    experiment = dvc_experiment()
     if experiment:
         # An experiment explores: a failed stage would make `dvc exp run` keep nothing, metrics included.
         log.warning("%s%s\nexperiment %s: verdict '%s' recorded in %s (dvc exp show), not enforced; `dvc repro`, "

@@ -2,7 +2,8 @@
 
 reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX ->
 baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx, each tracked
-by DVC (`dvc add`). Only this explicit command moves the baseline; commit baseline/ afterwards.
+by DVC (`dvc add`). Only this explicit command moves the baseline; commit baseline/ afterwards. It
+refuses a recorded regression (ALLOW_REGRESSION=1 accepts it) and a model trained with test hooks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
 from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
 from tasks.images.shards import MANIFEST
+from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
 from tasks.release.production import load_verified_model
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,11 @@ def run(
             f"{verdict_path} scored a model with sha256 {scored}, but {onnx_path} is {model.sha256}; "
             "run `dvc repro` first"
         )
+    refusal = promote_refusal(verdict, verdict_path) or hooks_refusal(
+        model.metadata.get("provenance.test_hooks"), str(onnx_path)
+    )
+    if refusal:
+        raise StageError(f"refused: {refusal}")
     if sha256_file(model_path) != model.metadata.get("model_sha256"):
         raise StageError(f"{model_path} is not the model {onnx_path} was exported from; run `dvc repro` first")
     metrics = verdict["metrics"]
@@ -98,7 +105,11 @@ def _main(params: Params) -> None:
         baseline_dir=paths.baseline,
     )
     if not result.passed_gate:
-        log.warning("note: this model failed the gate against the previous baseline; promoting accepts that")
+        log.warning(
+            "note: this model failed the gate against the previous baseline (%s, or another test set); "
+            "promoting accepts that",
+            OVERRIDE,
+        )
     log.info(
         "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it, after the gate has run "
         "against it (make promote does that):\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,12 @@ def export_model_file(export_shards: Path, tmp_path_factory: pytest.TempPathFact
     """A model.pt trained once on `export_shards`; tests that alter it work on copies."""
 
     return train_model(export_shards, tmp_path_factory.mktemp("export-model"))
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[None]:
+    """One temporary Prefect server for the whole session (it takes about 13 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

@@ -6,9 +6,11 @@ project as a git + DVC repository, and `make promote`'s command.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,18 @@ from typing import Any
 import pytest
 
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import TINY, commit, deep_update, dvc, make_project, sh, write_params
+from tests.helpers.project import (
+    TINY,
+    commit,
+    deep_update,
+    dvc,
+    env_with_venv,
+    make_command,
+    make_project,
+    sh,
+    stale_stages,
+    write_params,
+)
 
 # Three full runs of the tiny pipeline (about 1-3 minutes on 2 cores): make test-slow. The default
 # suite covers the same gate without DVC in tests/stages/test_check_regression.py.
@@ -64,7 +77,7 @@ def test_a_worse_model_fails_at_check_regression_until_the_param_is_restored(rep
     write_params(repo_dir, deep_update(TINY, good))
     dvc("repro", cwd=repo_dir)
     assert read(repo_dir, "regression.json")["passed"]
-    assert "Data and pipelines are up to date" in dvc("status", cwd=repo_dir).stdout
+    assert stale_stages(repo_dir) == {}
 
 
 def test_an_experiment_on_other_data_keeps_its_metrics_and_its_verdict(repo: tuple[Path, dict]) -> None:
@@ -97,7 +110,7 @@ def test_an_experiment_on_other_data_keeps_its_metrics_and_its_verdict(repo: tup
     assert "epochs: 0" in (repo_dir / "params.yaml").read_text()
     sh(["git", "checkout", "params.yaml"], cwd=repo_dir)
     dvc("repro", cwd=repo_dir)
-    assert "Data and pipelines are up to date" in dvc("status", cwd=repo_dir).stdout
+    assert stale_stages(repo_dir) == {}
     assert read(repo_dir, "gate.json")["verdict"] == "pass"
 
 
@@ -116,3 +129,48 @@ def test_a_changed_byte_in_the_onnx_file_is_caught_before_use(repo: tuple[Path, 
         assert promoted.returncode == 2 and "does not match the recorded" in promoted.stderr
     finally:
         path.write_bytes(original)
+
+
+def test_a_regression_an_experiment_recorded_fails_every_production_run(
+    repo: tuple[Path, dict], prefect_api: None
+) -> None:
+    """`dvc exp run` records a regression without enforcing it. The production runs after it, whose
+    stages DVC would otherwise skip, fail on it: make run, train-flow/prod; commit-run and promote refuse."""
+    from flows.train_flow import train_flow
+
+    repo_dir, good = repo
+    if not (repo_dir / "baseline/metrics.json").is_file():
+        sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+    commit(repo_dir, "promoted a good model")
+    experiment = dvc("exp", "run", "-S", "train.lr=0.00001", cwd=repo_dir, check=False)
+    assert experiment.returncode == 0, (experiment.stdout + experiment.stderr)[-3000:]
+    assert read(repo_dir, "gate.json")["verdict"] == "regression" and read(repo_dir, "gate.json")["enforced"] is False
+    try:
+        run = subprocess.run(make_command("run"), cwd=repo_dir, capture_output=True, text=True, env=env_with_venv())
+        assert run.returncode != 0, run.stdout[-2000:]
+        named = [line for line in run.stderr.splitlines() if "REGRESSION" in line]
+        assert len(named) == 1 and named[0].startswith("[check_regression] REGRESSION: accuracy"), run.stderr
+        assert "Pipeline finished" not in run.stdout
+        assert read(repo_dir, "gate.json")["enforced"] is True
+
+        refused = subprocess.run(make_command("commit-run"), cwd=repo_dir, capture_output=True, text=True,
+                                 env=env_with_venv())  # fmt: skip
+        assert refused.returncode != 0
+        assert "[commit-run] refused: reports/gate.json records verdict 'regression'" in refused.stderr
+        assert "make commit-run ALLOW_REGRESSION=1" in refused.stderr
+        assert sh(["git", "log", "-1", "--format=%s"], cwd=repo_dir).stdout.strip() == "promoted a good model"
+
+        promoted = subprocess.run(make_command("promote"), cwd=repo_dir, capture_output=True, text=True,
+                                  env=env_with_venv())  # fmt: skip
+        assert promoted.returncode != 0 and "make promote ALLOW_REGRESSION=1" in promoted.stderr
+
+        with contextlib.chdir(repo_dir):
+            state = train_flow(push=False, return_state=True)
+        assert state.is_failed()
+        with pytest.raises(Exception, match=r"stage 'check_regression' failed[\s\S]*REGRESSION"):
+            state.result()
+    finally:
+        sh(["git", "checkout", "params.yaml"], cwd=repo_dir)
+        dvc("repro", cwd=repo_dir)
+    assert read(repo_dir, "gate.json") | {"summary": ""} == {"verdict": "pass", "passed": True, "enforced": True,
+                                                               "summary": ""}  # fmt: skip
