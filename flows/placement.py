@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -53,6 +54,8 @@ __all__ = ["DEPLOYMENT", "StageCrashed", "check_placement", "placed_stage", "run
 DEPLOYMENT = "run-stage/{pool}"  # the deployment that runs a placed stage on `pool` (prefect.yaml)
 REFS = "refs/imagepipe/stages"  # where a placed run leaves its dvc.lock and uncached outputs in git
 SENT = ("dvc.lock", "params.yaml")  # what train-flow sends along with the commit
+COMMIT = re.compile(r"[0-9a-f]{40}")
+ENVIRONMENT = "environment"  # the stage that describes a machine: each machine runs it for itself
 
 
 class PlacementError(StageFailed):
@@ -71,6 +74,9 @@ def check_placement(placement: dict[str, str], stages: dict[str, Stage]) -> None
     for stage, pool in placement.items():
         if stage not in stages:
             raise ValueError(f"placement names stage {stage!r}, which dvc.yaml does not have ({', '.join(stages)})")
+        if stage == ENVIRONMENT:
+            raise ValueError(f"placement names stage {stage!r}: it describes the machine it runs on, so every "
+                             "machine runs it for itself; it cannot be placed")  # fmt: skip
         if not pool or not isinstance(pool, str):
             raise ValueError(f"placement of stage {stage!r}: {pool!r} is not a work pool name")
 
@@ -88,6 +94,46 @@ def git_bytes(repo: Path, *args: str, env: dict[str, str] | None = None) -> byte
         said = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-500:]
         raise PlacementError(f"`git {' '.join(args)}` in {repo} failed: {said}")
     return proc.stdout
+
+
+def check_git_remote(repo: Path, name: str) -> str:
+    """`name` when it is one of the checkout's configured git remotes; anything else (a URL, an option,
+    a path) is refused, so a flow parameter never reaches git as anything but a remote's name."""
+    remotes = git(repo, "remote").split()
+    if not isinstance(name, str) or name not in remotes:
+        raise PlacementError(
+            f"git_remote {name!r} is not a git remote of {repo} (configured: {', '.join(remotes) or 'none'}): the "
+            "flow takes a configured remote's name, never a URL, a path or an option"
+        )
+    return name
+
+
+def check_dvc_remote(repo: Path, name: str | None) -> str | None:
+    """`name` when it is one of the checkout's configured DVC remotes (None: the default one)."""
+    if name is None:
+        return None
+    with Repo(str(repo)) as dvc_repo:
+        remotes = sorted(dvc_repo.config.get("remote", {}))
+    if not isinstance(name, str) or name not in remotes:
+        raise PlacementError(
+            f"DVC remote {name!r} is not configured in {repo} (configured: {', '.join(remotes) or 'none'}): the "
+            "flow takes a configured DVC remote's name, never a URL, a path or an option"
+        )
+    return name
+
+
+def check_commit(commit: str) -> str:
+    if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
+        raise PlacementError(f"commit {commit!r} is not a full 40-hex commit id")
+    return commit
+
+
+def on_remote_branch(repo: Path, commit: str, git_remote: str) -> bool:
+    """After a fetch from `git_remote`: is `commit` on one of its branches (not only somewhere in this clone)?"""
+    git(repo, "fetch", "--quiet", "--", git_remote)
+    if subprocess.run(["git", "cat-file", "-e", f"{check_commit(commit)}^{{commit}}"], cwd=repo).returncode != 0:
+        return False
+    return bool(git(repo, "branch", "--remotes", "--contains", check_commit(commit), "--list", f"{git_remote}/*"))
 
 
 def changed_files(repo: Path) -> list[str]:
@@ -111,6 +157,19 @@ def changed_by_hand(repo: Path, stages: dict[str, Stage]) -> list[str]:
 
 
 # -- this machine: send the stage, take it back --------------------------------------------------
+
+
+def environment_files(stage: str, stages: dict[str, Stage]) -> list[str]:
+    """The stage's record of its machine (reports/environment/<stage>.json): each machine writes its own, by
+    running the environment stage itself; the placed stage's comes back with its dvc.lock entry."""
+    made_here = set(stages[ENVIRONMENT].outs) if ENVIRONMENT in stages else set()
+    return [dep for dep in stages[stage].deps if dep in made_here]
+
+
+def inputs_to_send(repo: Path, stage: str, stages: dict[str, Stage]) -> list[str]:
+    """What `dvc push` here and `dvc pull` there move: the upstream stages' cached outputs, and the files that
+    .dvc files in the stage's dependency folders track. The environment stage is run on each machine instead."""
+    return [*sorted(stages[stage].upstream - {ENVIRONMENT}), *dvc_files_in_deps(repo, stage, stages)]
 
 
 def _tracked(repo: Path, stages: dict[str, Stage]) -> set[str]:
@@ -138,6 +197,7 @@ def _check_inputs(repo: Path, stage: str, stages: dict[str, Stage]) -> None:
     else (an uncached output such as reports/export.json, a folder with files of neither kind) cannot be
     placed yet: refuse rather than run on stale copies."""
     cached = {path for up in stages[stage].upstream for path in set(stages[up].outs) - set(stages[up].uncached)}
+    cached |= set(environment_files(stage, stages))  # written on the other machine, for that machine
     tracked = _tracked(repo, stages)
     dvc_files = dvc_files_in_deps(repo, stage, stages)
     for dep in stages[stage].deps:
@@ -157,8 +217,7 @@ def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
             f"uncommitted changes to {', '.join(unsent[:5])}: the {pool} machine runs commit {commit[:12]}, "
             "so commit and `git push` them first"
         )
-    git(repo, "fetch", "--quiet", git_remote)
-    if not git(repo, "branch", "--remotes", "--contains", commit, "--list", f"{git_remote}/*"):
+    if not on_remote_branch(repo, commit, git_remote):
         raise PlacementError(
             f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it first; "
             f"the {pool} machine checks it out from there"
@@ -167,7 +226,7 @@ def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
 
 
 def _dvc(repo: Path, *args: str, remote: str | None, log: Any) -> None:
-    command = dvc_command(*args[:1], *(["--remote", remote] if remote else []), *args[1:])
+    command = dvc_command(*args[:1], *(["--remote", remote] if remote else []), "--", *args[1:])
     result = stream(command, cwd=repo, log=log)
     if result.returncode != 0:
         raise StageFailed(f"`dvc {' '.join(args)}` failed with exit code {result.returncode}:\n{result.tail}")
@@ -215,6 +274,8 @@ def placed_stage(
         return {"outcome": "unchanged", "why": [], "pool": pool}
     logger.info("why %s: %s; sending it to pool %s", stage, "; ".join(why), pool)
     stages = load_stages(repo)
+    check_git_remote(repo, git_remote)
+    check_dvc_remote(repo, dvc_remote)
     if not output(dvc_command("remote", "list"), cwd=repo):
         raise PlacementError(
             f"placing {stage} on pool {pool} needs a DVC remote that both machines reach: "
@@ -222,7 +283,7 @@ def placed_stage(
         )
     _check_inputs(repo, stage, stages)
     commit = _commit_on_remote(repo, git_remote, pool)
-    inputs = [*sorted(stages[stage].upstream), *dvc_files_in_deps(repo, stage, stages)]
+    inputs = inputs_to_send(repo, stage, stages)
     if inputs:  # for the other machine's `dvc pull`
         _dvc(repo, "push", *inputs, remote=dvc_remote, log=logger.info)
     with dvc_lock(repo):  # a stage running here may be writing dvc.lock right now
@@ -252,22 +313,24 @@ def placed_stage(
     if state is None or not state.is_completed():
         name = state.name if state else "unknown"
         raise StageFailed(f"{where} ended {name}: {state.message if state else ''} (its log has the details)")
-    return {**take_back(repo, stage, stages[stage], child.id, git_remote, dvc_remote), "pool": pool}
+    return {**take_back(repo, stage, stages, child.id, git_remote, dvc_remote), "pool": pool}
 
 
 def take_back(
-    repo: Path, stage: str, spec: Stage, run_id: Any, git_remote: str, dvc_remote: str | None
+    repo: Path, stage: str, stages: dict[str, Stage], run_id: Any, git_remote: str, dvc_remote: str | None
 ) -> dict[str, Any]:
     """The placed run's dvc.lock entry and uncached outputs from its git ref, its cached outputs from
-    the DVC remote: afterwards this checkout is as if the stage had run here."""
+    the DVC remote: afterwards this checkout is as if the stage had run here (with the other machine's
+    environment record, which this machine's next environment stage replaces)."""
     logger = get_run_logger()
+    spec = stages[stage]
     ref = f"{REFS}/{run_id}"
-    git(repo, "fetch", "--quiet", git_remote, f"+{ref}:{ref}")  # its own ref: FETCH_HEAD is shared by fetches
-    sha = git(repo, "rev-parse", ref)
+    git(repo, "fetch", "--quiet", "--", git_remote, f"+{ref}:{ref}")  # its own ref: FETCH_HEAD is shared by fetches
+    sha = check_commit(git(repo, "rev-parse", "--verify", "--end-of-options", ref))
     message = git(repo, "log", "-1", "--format=%B", sha)
     result = json.loads(message.split("\n\n", 1)[1])
     entry = yaml.safe_load(git_bytes(repo, "show", f"{sha}:dvc.lock"))["stages"][stage]
-    for path in spec.uncached:
+    for path in [*spec.uncached, *environment_files(stage, stages)]:
         with atomic_file(repo / path) as handle:
             handle.write(git_bytes(repo, "show", f"{sha}:{path}"))
     with dvc_lock(repo), modify_yaml(str(repo / "dvc.lock")) as lock:  # DVC's round trip, as Lockfile.dump
@@ -277,7 +340,7 @@ def take_back(
     for path in sorted(set(spec.outs) - set(spec.uncached)):
         _ignore(repo, path)
     try:
-        git(repo, "push", "--quiet", git_remote, f":{ref}")  # taken: the ref has done its job
+        git(repo, "push", "--quiet", "--", git_remote, f":{ref}")  # taken: the ref has done its job
         git(repo, "update-ref", "-d", ref)
     except PlacementError as exc:
         logger.warning("could not delete %s: %s", ref, exc)
@@ -314,26 +377,26 @@ def _check_out(repo: Path, commit: str, git_remote: str) -> None:
             f"the checkout {repo} has local changes to {', '.join(mine[:5])}: it belongs to the worker of this "
             "pool, which checks out each run's commit; commit or move them away"
         )
-    git(repo, "fetch", "--quiet", git_remote)
-    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo).returncode != 0:
-        raise PlacementError(f"commit {commit[:12]} is not on git remote {git_remote!r} (fetched into {repo})")
-    git(repo, "checkout", "--quiet", "--force", "--detach", commit)
+    if not on_remote_branch(repo, commit, git_remote):
+        raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r} (fetched into {repo})")
+    git(repo, "checkout", "--quiet", "--force", "--detach", commit, "--")
 
 
-def _ship(repo: Path, stage: str, spec: Stage, ref: str, git_remote: str, result: dict[str, Any]) -> str:
+def _ship(repo: Path, stage: str, stages: dict[str, Stage], ref: str, git_remote: str, result: dict[str, Any]) -> str:
     """A commit of dvc.lock and the stage's uncached outputs on top of the run's commit, pushed to `ref`,
     made with a temporary index: this checkout's HEAD, index and branches stay as they are."""
+    spec = stages[stage]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
         if not _has_config(repo, "user.email"):  # a worker's clone may have no git identity
             env.update(GIT_AUTHOR_NAME="imagepipe run-stage", GIT_AUTHOR_EMAIL=f"run-stage@{socket.gethostname()}")
             env.update(GIT_COMMITTER_NAME=env["GIT_AUTHOR_NAME"], GIT_COMMITTER_EMAIL=env["GIT_AUTHOR_EMAIL"])
         git(repo, "read-tree", "HEAD", env=env)
-        git(repo, "add", "--force", "dvc.lock", *spec.uncached, env=env)
+        git(repo, "add", "--force", "dvc.lock", *spec.uncached, *environment_files(stage, stages), env=env)
         tree = git(repo, "write-tree", env=env)
         message = f"{stage} ran on {result['host']}: {result['outcome']}\n\n{json.dumps(result, sort_keys=True)}"
         sha = git(repo, "commit-tree", tree, "-p", "HEAD", "-m", message, env=env)
-    git(repo, "push", "--quiet", "--force", git_remote, f"{sha}:{ref}")
+    git(repo, "push", "--quiet", "--force", "--", git_remote, f"{sha}:{ref}")
     return sha
 
 
@@ -341,39 +404,49 @@ def _has_config(repo: Path, key: str) -> bool:
     return subprocess.run(["git", "config", key], cwd=repo, capture_output=True).returncode == 0
 
 
-@flow(name="run-stage", log_prints=True)
+@flow(name="run-stage", log_prints=True, validate_parameters=True)
 def run_stage_flow(
     stage: str,
     commit: str,
     files: dict[str, str],
     git_remote: str = "origin",
     dvc_remote: str | None = None,
-    repo_dir: str = ".",
 ) -> dict[str, Any]:
-    """One stage of train-flow on this pool's machine (started by train-flow's placement, not by hand):
-    check out `commit`, write `files` (dvc.lock, params.yaml), pull the stage's inputs, run it through
-    DVC, push its outputs, and leave its dvc.lock entry and uncached outputs at refs/imagepipe/stages/<run id>."""
+    """One stage of train-flow on this pool's machine (started by train-flow's placement, not by hand), in
+    the checkout the deployment runs in (the worker's own setting, IMAGEPIPE_CHECKOUT): check out `commit`,
+    write `files` (dvc.lock, params.yaml), run the environment stage and pull the stage's inputs, run it
+    through DVC, push its outputs, and leave its dvc.lock entry and uncached outputs at
+    refs/imagepipe/stages/<run id>.
+
+    Every parameter is checked before git or DVC sees it: `git_remote` and `dvc_remote` are names of
+    this checkout's configured remotes, `commit` a full 40-hex id on one of the git remote's branches,
+    `files` only dvc.lock and params.yaml, `stage` a stage of that commit's dvc.yaml."""
     logger = get_run_logger()
-    repo = Path(repo_dir).resolve()
+    repo = Path.cwd()
     unknown = sorted(set(files) - set(SENT))
-    if unknown:
-        raise PlacementError(f"run-stage takes only {', '.join(SENT)}, not {', '.join(unknown)}")
+    if unknown or not all(isinstance(text, str) for text in files.values()):
+        raise PlacementError(f"run-stage takes only {', '.join(SENT)} as text in `files`, not {', '.join(unknown)}")
+    check_commit(commit)
+    check_git_remote(repo, git_remote)
+    check_dvc_remote(repo, dvc_remote)
     _check_out(repo, commit, git_remote)
     for name, text in files.items():
         with atomic_file(repo / name) as handle:
             handle.write(text.encode())
     stages = load_stages(repo)
-    if stage not in stages:
-        raise PlacementError(f"dvc.yaml of commit {commit[:12]} has no stage {stage!r}")
-    inputs = [*sorted(stages[stage].upstream), *dvc_files_in_deps(repo, stage, stages)]
+    if stage not in stages or stage == ENVIRONMENT:
+        raise PlacementError(f"dvc.yaml of commit {commit[:12]} has no stage {stage!r} to place")
+    report = stage_reports(load_params(repo / PARAMS_FILE).paths).get(stage)
+    if ENVIRONMENT in stages:  # this machine's own record, which the stage depends on
+        run_stage(ENVIRONMENT, str(repo))
+    inputs = inputs_to_send(repo, stage, stages)
     if inputs:
         _dvc(repo, "pull", *inputs, remote=dvc_remote, log=logger.info)
-    report = stage_reports(load_params(repo / PARAMS_FILE).paths).get(stage)
     done = run_stage(stage, str(repo), str(report) if report else None)
     _dvc(repo, "push", stage, remote=dvc_remote, log=logger.info)
     result = {**done, "host": socket.gethostname(), "commit": commit}
     ref = f"{REFS}/{runtime.flow_run.id}"
-    sha = _ship(repo, stage, stages[stage], ref, git_remote, result)
+    sha = _ship(repo, stage, stages, ref, git_remote, result)
     logger.info("%s: %s; outputs pushed to the DVC remote, dvc.lock entry at %s (%s)", stage, done["outcome"],
                 ref, sha[:12])  # fmt: skip
     return result

@@ -8,6 +8,7 @@ artifact; the run fails when the model file's hash differs from the recorded one
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from tasks.release.production import ProductionModel, ProductionModelError, load
 from tasks.release.scoring import score_split
 from tasks.release.verdict import compare, format_table
 
+REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./~^-]*")  # a name git and DVC take as a revision, never an option
+
 
 class RegressionFound(RuntimeError):
     """The production model scores worse than the baseline beyond a rule's tolerance."""
@@ -39,6 +42,8 @@ def _promoted_model(repo: Path, params: Params) -> ProductionModel:
 def _model_at_revision(repo: Path, params: Params, revision: str, scratch: Path) -> ProductionModel:
     """paths.onnx as of a git revision (from the DVC cache), with the hash its export stage recorded."""
     report = params.paths.export_report
+    if not REVISION.fullmatch(revision):
+        raise ValueError(f"revision {revision!r} is not a commit, branch or tag name")
     try:
         expected = json.loads(dvc.api.read(str(report), repo=str(repo), rev=revision))["onnx_sha256"]
         data = dvc.api.read(str(params.paths.onnx), repo=str(repo), rev=revision, mode="rb")
@@ -56,14 +61,15 @@ def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str,
 
 
 @flow(name="regression-flow", log_prints=True)
-def regression_flow(repo_dir: str = ".", revision: str | None = None) -> dict[str, Any] | State:
+def regression_flow(revision: str | None = None) -> dict[str, Any] | State:
     """Score the production model on the fixed test set and compare it with the promoted baseline.
 
     `revision` (a git commit, branch or tag) scores paths.onnx as of that revision instead of the
-    promoted model; its expected hash is then the one its export stage recorded.
+    promoted model; its expected hash is then the one its export stage recorded. It runs in the checkout
+    its deployment names (the working directory).
     """
     logger = get_run_logger()
-    repo = Path(repo_dir).resolve()
+    repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
     baseline = load_baseline(repo / params.paths.baseline)
     if baseline is None:

@@ -55,7 +55,7 @@ def run_stage(stage: str, repo_dir: str, report: str | None = None) -> dict[str,
         logger.info("%s", line)
 
     started = time.time()
-    result = stream(dvc_command("repro", "--single-item", stage), cwd=repo, log=log)
+    result = stream(dvc_command("repro", "--single-item", "--", stage), cwd=repo, log=log)
     report_path = repo / report if report else None
     if report_path and report_path.is_file() and (result.returncode == 0 or report_path.stat().st_mtime >= started):
         publish_report(stage, report_path)

@@ -29,7 +29,7 @@ from flows.artifacts import (
 from flows.dag import load_stages
 from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
-from flows.placement import StageCrashed, check_placement, placed_stage
+from flows.placement import StageCrashed, check_dvc_remote, check_git_remote, check_placement, placed_stage
 from flows.shell import output, stage_env, stream
 from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import read_json, write_json
@@ -96,7 +96,6 @@ def _why(future: PrefectFuture[dict[str, Any]]) -> list[str] | None:
 
 @flow(name="train-flow", log_prints=True)
 def train_flow(
-    repo_dir: str = ".",
     train_retries: Annotated[int, Field(ge=0, le=10)] = 1,
     retry_delay_seconds: Annotated[float, Field(ge=0)] = 10.0,
     push: bool = True,
@@ -111,13 +110,19 @@ def train_flow(
     the outputs at the end (and where a placed stage's inputs and outputs travel); `placement` maps a
     stage to the work pool that runs it (flows/placement.py), through `git_remote`. Returns each
     stage's outcome; Crashed when a placed stage's machine died.
+
+    It runs in the checkout its deployment names (the working directory): no parameter points it at
+    another repository. `remote` and `git_remote` are names of this checkout's configured remotes.
     """
     logger = get_run_logger()
-    repo = Path(repo_dir).resolve()
+    repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
     stages = load_stages(repo)
     placement = placement or {}
     check_placement(placement, stages)
+    check_dvc_remote(repo, remote)
+    if placement:
+        check_git_remote(repo, git_remote)
     outcomes = {name: "not run" for name in stages}
     why: dict[str, list[str]] = {}
     reports = {name: str(path) for name, path in stage_reports(params.paths).items()}

@@ -6,9 +6,9 @@ left behind through the Prefect API (task runs, logs, artifacts) and on disk (dv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ from flows.dag import load_stages
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.paths import Paths
 from tests.helpers.prefect import RULES, api_artifacts, api_logs, api_task_runs, worsen_onnx
-from tests.helpers.project import ROOT, commit, dvc, make_project, sh
+from tests.helpers.project import ROOT, commit, dvc, make_project, sh, stale_stages
+
+
+def in_checkout(repo: Path, flow: Any, **parameters: Any) -> Any:
+    """A flow runs in the checkout its deployment names, its working directory: here, the test's project."""
+    with contextlib.chdir(repo):
+        return flow(**parameters)
 
 
 def flaky_train(repo: Path, marker: Path) -> None:
@@ -42,14 +48,6 @@ def table(artifact: Any) -> dict[str, Any]:
 # --- fixtures ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def prefect_api() -> Iterator[None]:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture(scope="module")
 def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny project trained once by train-flow (its train stage planted to fail on the first try)."""
@@ -58,7 +56,7 @@ def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict
     base = tmp_path_factory.mktemp("flow")
     repo = make_project(base / "repo", {"regression": {"rules": RULES}})
     flaky_train(repo, base / "train-failed-once")
-    state = train_flow(repo_dir=str(repo), train_retries=1, retry_delay_seconds=0, return_state=True)
+    state = in_checkout(repo, train_flow, train_retries=1, retry_delay_seconds=0, return_state=True)
     return {"repo": repo, "state": state, "run_id": state.state_details.flow_run_id}
 
 
@@ -72,7 +70,7 @@ def test_train_flow_runs_every_stage_through_dvc(trained: dict[str, Any]) -> Non
     assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {name: "ran" for name in load_stages(repo)}
     assert outcomes["dvc push"] == "no remote"
     # What the flow did is exactly what DVC records: nothing left for `dvc repro` to do.
-    assert "up to date" in dvc("status", cwd=repo).stdout
+    assert stale_stages(repo) == {}
     tasks = {run.name: run for run in api_task_runs(trained["run_id"])}
     assert set(load_stages(repo)) <= set(tasks)
     assert all(tasks[name].state.is_completed() for name in load_stages(repo))
@@ -84,8 +82,9 @@ def test_each_stage_task_waits_for_exactly_its_upstream_stages(trained: dict[str
     name_of = {run.id: run.name for run in runs}
     edges = {run.name: {name_of[i.id] for i in run.task_inputs.get("wait_for", [])} for run in runs}
     assert edges == {name: set(stage.upstream) for name, stage in load_stages(trained["repo"]).items()}
-    assert edges["check_regression"] == {"export", "preprocess"}  # not evaluate: it reads nothing of it
-    assert edges["evaluate"] == edges["export"] == {"preprocess", "train"}
+    assert edges["check_regression"] == {"environment", "export", "preprocess"}  # not evaluate: it reads nothing of it
+    assert edges["evaluate"] == edges["export"] == {"environment", "preprocess", "train"}
+    assert edges["environment"] == set()
 
 
 def test_train_task_retries_after_a_failure(trained: dict[str, Any]) -> None:
@@ -131,10 +130,11 @@ def test_second_run_skips_unchanged_stages_and_pushes_to_the_remote(trained: dic
     remote = repo.parent / "remote"
     dvc("remote", "add", "-d", "store", str(remote), cwd=repo)
     try:
-        outcomes = train_flow(repo_dir=str(repo))
+        outcomes = in_checkout(repo, train_flow)
     finally:
         dvc("remote", "remove", "store", cwd=repo)
-    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {name: "unchanged" for name in load_stages(repo)}
+    unchanged = {name: "unchanged" for name in load_stages(repo)}
+    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {**unchanged, "environment": "ran"}
     assert outcomes["dvc push"] == "pushed to the default remote"
     # The remote holds the model: the same md5 that dvc.lock records for it.
     lock = yaml.safe_load((repo / "dvc.lock").read_text())
@@ -153,7 +153,7 @@ def test_a_run_after_an_lr_change_says_why_each_stage_ran_and_compares_with_the_
     old_lr = params["train"]["lr"]
     params["train"]["lr"] = new_lr = old_lr * 2
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    state = train_flow(repo_dir=str(repo), push=False, return_state=True)
+    state = in_checkout(repo, train_flow, push=False, return_state=True)
     assert state.is_completed(), state.message
     manifest = read_json(repo / "reports" / "run_manifest.json")
     assert manifest["stages"]["generate"] == manifest["stages"]["preprocess"] == "unchanged"
@@ -180,7 +180,7 @@ def test_failing_stage_fails_the_flow_with_its_name_log_tail_and_verdict(trained
     baseline = repo / "baseline" / "metrics.json"
     baseline.write_text(json.dumps({"accuracy": 1.0, "loss": 0.0}))
     try:
-        state = train_flow(repo_dir=str(repo), return_state=True)
+        state = in_checkout(repo, train_flow, return_state=True)
     finally:
         baseline.unlink()
     assert state.is_failed()
@@ -200,7 +200,7 @@ def test_regression_flow_before_any_baseline_says_what_to_do(trained: dict[str, 
     from flows.regression_flow import regression_flow
 
     assert not (trained["repo"] / "baseline/metrics.json").exists()
-    state = regression_flow(repo_dir=str(trained["repo"]), return_state=True)
+    state = in_checkout(trained["repo"], regression_flow, return_state=True)
     assert state.is_failed()
     assert state.message.startswith("no baseline yet: nothing to check") and "run `make promote`" in state.message
     verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
@@ -212,6 +212,7 @@ def test_regression_flow_before_any_baseline_says_what_to_do(trained: dict[str, 
 @pytest.fixture(scope="module")
 def promoted(trained: dict[str, Any]) -> Path:
     repo = trained["repo"]
+    dvc("repro", cwd=repo)  # the gate's record is the current one (an earlier test left a regression verdict)
     sh(["python", "-m", "tasks.promote"], cwd=repo)
     return repo
 
@@ -219,7 +220,7 @@ def promoted(trained: dict[str, Any]) -> Path:
 def test_regression_flow_passes_on_the_promoted_model(promoted: Path) -> None:
     from flows.regression_flow import regression_flow
 
-    state = regression_flow(repo_dir=str(promoted), return_state=True)
+    state = in_checkout(promoted, regression_flow, return_state=True)
     assert state.is_completed(), state.message
     assert state.result()["metrics"]["accuracy"] == read_json(promoted / "baseline/metrics.json")["accuracy"]
     verdict = api_artifacts(state.state_details.flow_run_id)[KEYS["nightly"]].data
@@ -230,10 +231,10 @@ def test_regression_flow_scores_a_git_revision(promoted: Path) -> None:
     from flows.regression_flow import regression_flow
 
     commit(promoted, "trained")
-    state = regression_flow(repo_dir=str(promoted), revision="HEAD", return_state=True)
+    state = in_checkout(promoted, regression_flow, revision="HEAD", return_state=True)
     assert state.is_completed(), state.message
     with pytest.raises(Exception, match=r"revision 'no-such-rev'"):
-        regression_flow(repo_dir=str(promoted), revision="no-such-rev")
+        in_checkout(promoted, regression_flow, revision="no-such-rev")
 
 
 def test_regression_flow_fails_on_a_worse_model_and_on_a_changed_file(promoted: Path) -> None:
@@ -244,7 +245,7 @@ def test_regression_flow_fails_on_a_worse_model_and_on_a_changed_file(promoted: 
     try:
         worsen_onnx(onnx_path)  # planted: a worse model promoted with its own hash
         write_json(record, {**json.loads(original_record), "onnx_sha256": sha256_file(onnx_path)})
-        state = regression_flow(repo_dir=str(promoted), return_state=True)
+        state = in_checkout(promoted, regression_flow, return_state=True)
         assert state.is_failed()
         with pytest.raises(Exception, match=r"regressed[\s\S]*loss \(lower\)[\s\S]*REGRESSION"):
             state.result()
@@ -253,7 +254,7 @@ def test_regression_flow_fails_on_a_worse_model_and_on_a_changed_file(promoted: 
 
         onnx_path.write_bytes(original_onnx[:-1] + bytes([original_onnx[-1] ^ 1]))  # one byte changed
         record.write_text(original_record)
-        state = regression_flow(repo_dir=str(promoted), return_state=True)
+        state = in_checkout(promoted, regression_flow, return_state=True)
         assert state.is_failed()
         with pytest.raises(Exception, match=r"model.onnx: sha256 \w+ does not match the recorded"):
             state.result()

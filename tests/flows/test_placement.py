@@ -3,6 +3,8 @@ round trip across two checkouts is tests/flows/test_placement_e2e.py (slow)."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 from pathlib import Path
 
 import pytest
@@ -13,12 +15,14 @@ from flows.placement import (
     _check_inputs,
     _commit_on_remote,
     changed_files,
+    check_dvc_remote,
+    check_git_remote,
     check_placement,
     dvc_files_in_deps,
     placed_stage,
     written_by_runs,
 )
-from tests.helpers.project import commit, dvc, make_project, sh
+from tests.helpers.project import ROOT, commit, dvc, make_project, sh
 
 
 @pytest.fixture
@@ -65,7 +69,9 @@ def test_weights_that_dvc_tracks_travel_with_a_placed_train(pushed: Path) -> Non
 def test_placement_names_only_stages_of_dvc_yaml(pushed: Path) -> None:
     stages = load_stages(pushed)
     check_placement({"train": "gpu"}, stages)
-    with pytest.raises(ValueError, match=r"placement names stage 'trian', which dvc.yaml does not have \(generate"):
+    with pytest.raises(
+        ValueError, match=r"placement names stage 'trian', which dvc.yaml does not have \(environment, generate"
+    ):
         check_placement({"trian": "gpu"}, stages)
     with pytest.raises(ValueError, match="'' is not a work pool name"):
         check_placement({"train": ""}, stages)
@@ -95,3 +101,66 @@ def test_uncommitted_code_or_an_unpushed_commit_is_refused_by_name(pushed: Path)
     commit(pushed, "an edit, not pushed")
     with pytest.raises(PlacementError, match=r"is on no branch of git remote 'origin': `git push` it first"):
         _commit_on_remote(pushed, "origin", "gpu")
+
+
+# --- run-stage takes only what it needs: hostile parameters are refused before git or DVC sees them ----
+
+
+def _run_stage(repo: Path, **parameters: object) -> None:
+    from prefect.logging import disable_run_logger
+
+    from flows.placement import run_stage_flow
+
+    with disable_run_logger(), contextlib.chdir(repo):
+        run_stage_flow.fn(**{"stage": "train", "files": {}, **parameters})
+
+
+def test_run_stage_refuses_hostile_parameters_and_runs_nothing(pushed: Path, tmp_path: Path) -> None:
+    from flows.placement import run_stage_flow
+
+    marker = tmp_path / "MARKER"
+    head = sh(["git", "rev-parse", "HEAD"], cwd=pushed).stdout.strip()
+    foreign = make_project(tmp_path / "foreign")  # another repository on the worker, with a commit of its own
+    (foreign / "dvc.yaml").write_text(f"stages:\n  train:\n    cmd: touch {marker}\n")
+    commit(foreign, "foreign")
+    foreign_commit = sh(["git", "rev-parse", "HEAD"], cwd=foreign).stdout.strip()
+    refused = {
+        f"--upload-pack=touch {marker}": (dict(git_remote=f"--upload-pack=touch {marker}", commit=head),
+                                         "is not a git remote"),
+        "a URL": (dict(git_remote=f"file://{foreign}", commit=foreign_commit), "is not a git remote"),
+        "a path": (dict(git_remote=str(foreign), commit=foreign_commit), "is not a git remote"),
+        "a short commit": (dict(commit=head[:12]), "is not a full 40-hex commit id"),
+        "an option as the commit": (dict(commit=f"--upload-pack=touch {marker}"), "is not a full 40-hex commit id"),
+        "a commit not on the remote": (dict(commit=foreign_commit), "is on no branch of git remote 'origin'"),
+        "a DVC remote that is not configured": (dict(commit=head, dvc_remote=f"--config={marker}"),
+                                                "is not configured"),
+        "another file": (dict(commit=head, files={"dvc.yaml": f"stages: {{x: {{cmd: touch {marker}}}}}"}),
+                         "takes only dvc.lock, params.yaml"),
+    }  # fmt: skip
+    for name, (parameters, message) in refused.items():
+        with pytest.raises(PlacementError, match=re.escape(message)):
+            _run_stage(pushed, **parameters)
+        assert not marker.exists(), name
+    # No repo_dir: the worker's checkout is the deployment's working directory, never a parameter.
+    with pytest.raises(Exception, match="repo_dir"):
+        run_stage_flow.validate_parameters({"stage": "train", "commit": head, "files": {}, "repo_dir": str(foreign)})
+    assert sh(["git", "rev-parse", "HEAD"], cwd=pushed).stdout.strip() == head  # nothing was checked out
+    assert not marker.exists()
+
+
+def test_git_and_dvc_get_a_double_dash_before_positional_arguments(pushed: Path) -> None:
+    """Even a value that passed the checks cannot turn into an option further down."""
+    source = (ROOT / "flows" / "placement.py").read_text()
+    for call in re.findall(r'git\(repo, "(?:fetch|push)"[^\n]*', source):
+        assert '"--", git_remote' in call, call
+    assert '"--", *args[1:]' in source and '"--single-item", "--", stage' in (ROOT / "flows/stage.py").read_text()
+
+
+def test_the_sending_side_takes_only_configured_remote_names(pushed: Path) -> None:
+    assert check_git_remote(pushed, "origin") == "origin"
+    with pytest.raises(PlacementError, match=r"git_remote '--upload-pack=x' is not a git remote .*configured: origin"):
+        check_git_remote(pushed, "--upload-pack=x")
+    with pytest.raises(PlacementError, match=r"DVC remote 's3://bucket' is not configured .*configured: none"):
+        check_dvc_remote(pushed, "s3://bucket")
+    dvc("remote", "add", "store", str(pushed.parent / "store"), cwd=pushed)
+    assert check_dvc_remote(pushed, "store") == "store" and check_dvc_remote(pushed, None) is None
