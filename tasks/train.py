@@ -36,7 +36,7 @@ from tasks.training.batches import first_batch, write_batch_grids
 from tasks.training.checkpoint import Checkpointer, RunIdentity, prune_runs, run_identity
 from tasks.training.dataset import ShardDataset
 from tasks.training.dynamics import Dynamics
-from tasks.training.hooks import Hooks, hooks_from_env
+from tasks.training.hooks import Hooks, hooks_from_env, planted
 from tasks.training.loader import StepSampler, make_loader
 from tasks.training.loop import EpochLoop, Progress, validate
 from tasks.training.models import build_model, save_model_file
@@ -255,6 +255,7 @@ def _train(
         write_json(out.dynamics, Dynamics.to_json(dynamics))
         meta = run_metadata(params, recipe, identity, precision, world, data.sampler, progress, runner.stats,
                             model, in_sync)  # fmt: skip
+        meta["test_hooks"] = planted(hooks)  # never promoted: make promote and make commit-run refuse it
         _write_outputs(out, params, spec, model, provenance, progress, meta)
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run_dir / "profile.json", {**profile, "resumed_from_step": resumed_from})
@@ -318,6 +319,8 @@ def _write_outputs(
                     pretrained_published_file=str(model.transfer["published_file"]).lower())  # fmt: skip
     elif model.transfer:
         prov["init_from_sha256"] = model.transfer["sha256"]
+    if meta.get("test_hooks"):
+        prov["test_hooks"] = meta["test_hooks"]
     save_model_file(out.model, model.module, arch=params.arch, spec=spec, provenance=prov)
     write_json(out.history, progress.history)
     plot_history(progress.history, out.plot)

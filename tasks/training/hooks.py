@@ -10,8 +10,11 @@ from outside (the tests plant faults through them: tests/helpers/faults.py).
                                    renamed into place
     after_checkpoint(path, number) ... and is on disk as `path`
 
-`IMAGEPIPE_TRAIN_HOOKS=/path/to/module.py` loads the module's `make_hooks()` into the train stage
-(`make sanity` takes none). Unset (the normal case), nothing is imported.
+Hooks are for tests only. `IMAGEPIPE_TRAIN_HOOKS=/path/to/module.py` loads the module's `make_hooks()`
+into the train stage only together with `IMAGEPIPE_ALLOW_TEST_HOOKS=1`; otherwise the stage refuses to
+start. A run with hooks says so in train_run.json (`test_hooks`: the file and its sha256) and in the
+model's provenance, and make promote and make commit-run refuse that model. Unset (the normal case),
+nothing is imported. `make sanity` takes none.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ from pathlib import Path
 
 import torch
 
+from tasks.core.errors import StageError
+from tasks.core.io import sha256_file
+
 ENV = "IMAGEPIPE_TRAIN_HOOKS"
+ALLOW = "IMAGEPIPE_ALLOW_TEST_HOOKS"
 
 
 class Hooks:
+    origin: str | None = None  # what planted them, for the run record; None: the no-op default
+
     def on_fit_start(self, model: torch.nn.Module) -> None:
         pass
 
@@ -42,11 +51,23 @@ class Hooks:
         pass
 
 
+def planted(hooks: Hooks) -> str | None:
+    """What a run's record says about its hooks: None for the no-op ones, else where they came from."""
+    if type(hooks) is Hooks:
+        return None
+    return hooks.origin or f"{type(hooks).__module__}.{type(hooks).__qualname__} (passed in by code)"
+
+
 def hooks_from_env() -> Hooks:
-    """The hooks that IMAGEPIPE_TRAIN_HOOKS names, or the no-op ones."""
+    """The hooks that IMAGEPIPE_TRAIN_HOOKS names (only with IMAGEPIPE_ALLOW_TEST_HOOKS=1), or the no-op ones."""
     location = os.environ.get(ENV)
     if not location:
         return Hooks()
+    if os.environ.get(ALLOW) != "1":
+        raise StageError(
+            f"{ENV}={location}: training hooks are for tests and are not loaded without {ALLOW}=1; unset {ENV} "
+            "for a real run (a model trained with hooks is marked as such and is never promoted)"
+        )
     path = Path(location)
     spec = importlib.util.spec_from_file_location(f"_train_hooks_{path.stem}", path)
     if not path.is_file() or spec is None or spec.loader is None:
@@ -58,4 +79,5 @@ def hooks_from_env() -> Hooks:
     hooks = module.make_hooks()
     if not isinstance(hooks, Hooks):
         raise TypeError(f"{ENV}={location}: make_hooks() returned {type(hooks).__name__}, not a Hooks")
+    hooks.origin = f"{path.resolve()} (sha256 {sha256_file(path)})"
     return hooks

@@ -35,7 +35,9 @@ class FaultSpecError(ValueError):
 
 def fault_env(spec: str | None) -> dict[str, str]:
     """The environment variables that plant `spec` in a `python -m tasks.train` subprocess."""
-    return {"IMAGEPIPE_TRAIN_HOOKS": str(Path(__file__).resolve()), ENV: spec} if spec else {}
+    if not spec:
+        return {}
+    return {"IMAGEPIPE_TRAIN_HOOKS": str(Path(__file__).resolve()), "IMAGEPIPE_ALLOW_TEST_HOOKS": "1", ENV: spec}
 
 
 def kill_now() -> None:

@@ -115,6 +115,10 @@ def test_planted_oom_takes_the_auto_batch_path(shards: Path, tmp_path: Path, mon
     meta = read_json(tmp_path / "auto" / "train_run.json")
     assert meta["auto_batch"] == [{"step": 2, "micro_batch": 8, "accumulation": 2}]
     assert meta["global_batch"] == 16 and meta["micro_batch"] == 8 and meta["optimizer_updates"] == meta["steps"]
+    # Hooks are a test's: the run record and the model's provenance say which file, by hash.
+    planted_by = meta["test_hooks"]
+    assert planted_by.endswith(")") and "tests/helpers/faults.py (sha256 " in planted_by
+    assert load_model_file(tmp_path / "auto" / "model.pt")[2]["provenance"]["test_hooks"] == planted_by
 
     plant(monkeypatch, "oom@step:1")
     with pytest.raises(StageError, match=r"out of memory at step 1: micro-batch 16 .* images 3x32x32, resnet18.*RSS"):
@@ -212,3 +216,18 @@ def test_batch_grids_show_the_first_real_batch_and_the_val_images(shards: Path, 
     assert torch.equal(images, real_images) and labels == real_labels.tolist()
     raw = torch.from_numpy(dataset.data.take(indices.tolist()))
     assert not torch.equal(images, raw)  # augmented: what the model gets, not the stored pixels
+
+
+def test_training_hooks_are_refused_unless_allowed(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plant(monkeypatch, "nan@step:2")
+    monkeypatch.delenv("IMAGEPIPE_ALLOW_TEST_HOOKS")
+    with pytest.raises(StageError, match=r"IMAGEPIPE_TRAIN_HOOKS=.*faults.py: training hooks are for tests and are "
+                                         r"not loaded without IMAGEPIPE_ALLOW_TEST_HOOKS=1"):  # fmt: skip
+        train_once(shards, tmp_path / "refused")
+    assert not (tmp_path / "refused" / "model.pt").exists()
+    monkeypatch.delenv("IMAGEPIPE_TRAIN_HOOKS")
+    train_once(shards, tmp_path / "plain", epochs=1)
+    assert read_json(tmp_path / "plain" / "train_run.json")["test_hooks"] is None
+    assert "test_hooks" not in load_model_file(tmp_path / "plain" / "model.pt")[2]["provenance"]
