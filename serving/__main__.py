@@ -1,18 +1,27 @@
-"""`python -m serving` (make serve): params.yaml `serve` -> uvicorn running serving.app on serve.host:port."""
+"""`python -m serving` (make serve): params.yaml `serve` -> uvicorn running serving.app on serve.host:port.
+
+A params.yaml that does not validate stops it with one line naming the key, before uvicorn starts."""
 
 from __future__ import annotations
 
+import sys
+
 import uvicorn
 
-from tasks.core.params import load_params
+from tasks.core.params import ParamsError, load_params
 
 
 def main() -> None:
-    serve = load_params().serve
+    try:
+        serve = load_params().serve
+    except ParamsError as exc:
+        print(f"[serve] error: {exc}", file=sys.stderr)
+        sys.exit(2)
     uvicorn.run(
         "serving.app:app_from_params", factory=True, host=serve.host, port=serve.port, workers=serve.workers,
-        # Closes idle keep-alive sockets so slow or abandoned clients cannot pin memory.
-        timeout_keep_alive=5, log_level="info",
+        # Closes idle keep-alive sockets so slow or abandoned clients cannot pin memory; beyond
+        # max_connections open connections and requests, uvicorn answers 503 instead of queueing them.
+        timeout_keep_alive=5, limit_concurrency=serve.max_connections, log_level="info",
     )  # fmt: skip
 
 

@@ -218,6 +218,14 @@ def _add_error_handlers(app: FastAPI) -> None:
             code = PLAIN_REASONS.get(exc.status_code, "http_error")
         return _error(exc.status_code, code, detail, request, exc.headers)  # keeps a 405's Allow header
 
+    # Anything else (a bug, onnxruntime failing mid-call) is still a JSON body, not Starlette's plain text;
+    # the traceback goes to the log, not to the client.
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
+                      "its log has the details", request)  # fmt: skip
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())

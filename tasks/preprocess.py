@@ -163,7 +163,8 @@ def _choose_resize(params: PreprocessParams, roots: Any, todo: Plan, centred: bo
         }
     items = [item for item, _ in todo.decode]
     probed = isolated_map(partial(probe_shape, roots), items, workers=params.workers, chunksize=64,
-                          crashed=lambda item, detail: None, initializer=worker_init)  # fmt: skip
+                          crashed=lambda item, detail: None, initializer=worker_init,
+                          timeout_s=params.decode_timeout_s)  # fmt: skip
     measured = Aspect.of([shape for shape in _bar(probed, len(items), "measure aspect ratios") if shape])
     mode, why = choose_resize(measured)
     return {"mode": mode, "auto": True, "why": f"{why} (from the headers of {measured.count} files)"}
@@ -243,6 +244,7 @@ def _decode_and_write(
     results = isolated_map(
         partial(check_file, config), [item for item, _ in todo.decode], workers=params.workers,
         crashed=lambda item, detail: Checked("", None, "worker_crash", detail), initializer=worker_init,
+        timeout_s=params.decode_timeout_s,
     )  # fmt: skip
     files: list[dict[str, Any]] = []
     quarantined: list[dict[str, str]] = []

@@ -77,6 +77,12 @@ class PreprocessParams(Section):
     test_fraction: Fraction = 0.1
     shard_size: int = Field(4096, ge=1, description="images per shard file")
     workers: int = Field(2, ge=1, description="decoder processes")
+    decode_timeout_s: float = Field(
+        120,
+        gt=0,
+        description="the longest a decoder may take over one chunk of files (then each file alone) "
+        "before it is killed and the file quarantined as worker_crash: a hung decoder costs one file, not the run",
+    )
     min_side: int = Field(16, ge=1, description="images with a shorter side below this are quarantined (too_small)")
     max_pixels: int = Field(
         89_478_485,
@@ -336,6 +342,9 @@ class ServeParams(Section):
         description="while every stream is busy, up to this many waiting images go into one call; 1 = no batching",
     )
     max_queue: int = Field(256, ge=1, description="images waiting for a stream; more get 503 overloaded")
+    max_connections: int = Field(
+        100, ge=1, description="open connections and requests per worker (uvicorn's limit_concurrency); more get 503"
+    )
     max_body_bytes: int = Field(10 * 2**20, ge=1024, description="larger request bodies get 413, counted while reading")
     max_batch_files: int = Field(32, ge=1, description="images per /predict/batch request; more get 413")
     max_pixels: int = Field(40_000_000, ge=1, description="more pixels in the header: 413 before decoding")

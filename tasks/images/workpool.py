@@ -1,9 +1,9 @@
 """A process pool whose results come back in input order and survive a worker that dies.
 
 `isolated_map(fn, items)` runs `fn` over `items` in worker processes, in chunks. When a worker
-process is killed (a decoder segfault, the OOM killer), the chunk it was working on is rerun one
-item per process, and the item that kills a worker again gets `crashed(item, detail)` as its
-result: one bad input never takes the run down.
+process is killed (a decoder segfault, the OOM killer), or hangs past `timeout_s` on one chunk (it is
+then killed), the chunk it was working on is rerun one item per process, and the item that kills or
+hangs a worker again gets `crashed(item, detail)` as its result: one bad input never takes the run down.
 
 The parent talks to each worker over its own pipe, from the calling thread alone. A
 ProcessPoolExecutor adds a feeder and a manager thread, and their hand-offs of the GIL cost the
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -59,14 +60,21 @@ def _serve(
 class _Worker:
     def __init__(self, ctx: Any, target: tuple[Any, ...]) -> None:
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, *target), daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, *target[:3]), daemon=True)
         self.process.start()
         child.close()
         self.pending: deque[int] = deque()  # indices of the chunks sent to it, oldest first
+        self.started = time.monotonic()  # when it began its oldest pending chunk (roughly: the last reply)
 
     def send(self, index: int, chunk: Sequence[Any]) -> None:
         self.conn.send(chunk)  # chunks of work items are small: this never blocks on a full pipe
+        if not self.pending:
+            self.started = time.monotonic()
         self.pending.append(index)
+
+    def replied(self) -> int:
+        self.started = time.monotonic()
+        return self.pending.popleft()
 
     def stop(self, *, wait_for_exit: bool) -> None:
         if wait_for_exit:
@@ -88,11 +96,13 @@ def isolated_map(
     chunksize: int = 16,
     initializer: Callable[..., None] | None = None,
     initargs: tuple[Any, ...] = (),
+    timeout_s: float | None = None,
 ) -> Iterator[R]:
     """Yield fn(item) for every item, in order. `fn` must be picklable (a module-level function or
-    a functools.partial of one); exceptions it raises propagate, since they are bugs, not bad data."""
+    a functools.partial of one); exceptions it raises propagate, since they are bugs, not bad data.
+    `timeout_s`: the longest a worker may take over one chunk, and then over one item, before it is killed."""
     ctx = _context()
-    target = (fn, initializer, initargs)
+    target = (fn, initializer, initargs, timeout_s)
     chunks = [items[start : start + chunksize] for start in range(0, len(items), chunksize)]
     window = 4 * workers  # chunks handed out beyond the one being yielded: bounds unread results
     pool = [_Worker(ctx, target) for _ in range(min(workers, len(chunks)))]
@@ -113,19 +123,34 @@ def isolated_map(
                 busy = [worker.conn for worker in pool if worker.pending]
                 if not busy:  # a replacement settled the awaited chunk itself: nothing to wait for
                     continue
-                ready = wait(busy)
+                ready = wait(busy, timeout=_time_left(pool, timeout_s))
+                for k, worker in enumerate(pool):
+                    if worker.conn not in ready and _overdue(worker, timeout_s):  # hung: killed, as if it died
+                        pool[k] = _replace(ctx, target, worker, chunks, done, crashed)
                 for worker in [worker for worker in pool if worker.conn in ready]:
                     try:
                         reply = worker.conn.recv()
                     except (EOFError, OSError):  # the worker died, on the oldest chunk it was sent
                         pool[pool.index(worker)] = _replace(ctx, target, worker, chunks, done, crashed)
                         continue
-                    done[worker.pending.popleft()] = _results(reply)
+                    done[worker.replied()] = _results(reply)
             yield from done.pop(index)
         finished = True
     finally:
         for worker in pool:
             worker.stop(wait_for_exit=finished)
+
+
+def _overdue(worker: _Worker, timeout_s: float | None) -> bool:
+    return timeout_s is not None and bool(worker.pending) and time.monotonic() - worker.started > timeout_s
+
+
+def _time_left(pool: list[_Worker], timeout_s: float | None) -> float | None:
+    """Until the first busy worker's chunk is overdue (None: wait as long as it takes)."""
+    if timeout_s is None:
+        return None
+    started = min(worker.started for worker in pool if worker.pending)
+    return max(0.0, started + timeout_s - time.monotonic())
 
 
 def _replace(
@@ -149,14 +174,19 @@ def _replace(
 
 
 def _alone(ctx: Any, target: tuple[Any, ...], item: T, crashed: Callable[[T, str], R]) -> R:
+    timeout_s = target[3]
     worker = _Worker(ctx, target)
+    hung = False
     try:
         worker.send(0, [item])
+        if not worker.conn.poll(timeout_s):
+            hung = True
+            return crashed(item, f"no result after {timeout_s:g} s: the decoder hung on this file and was killed")
         reply = worker.conn.recv()
     except (EOFError, OSError):
         return crashed(item, "the worker process died while reading this file")
     finally:
-        worker.stop(wait_for_exit=True)
+        worker.stop(wait_for_exit=not hung)
     return _results(reply)[0]
 
 

@@ -87,3 +87,20 @@ def test_stopping_early_stops_the_workers() -> None:
 
 def test_no_items_starts_no_worker() -> None:
     assert list(isolated_map(_buggy, [], workers=2, crashed=lambda i, why: -1)) == []
+
+
+def _hangs_on_some(item: int) -> int:
+    if item in (3, 11):
+        time.sleep(3600)  # a decoder stuck in a loop on a crafted file
+    return item * 10
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hung_worker_is_killed_and_costs_only_the_item_it_hangs_on(workers: int) -> None:
+    started = time.monotonic()
+    results = list(isolated_map(_hangs_on_some, list(range(16)), workers=workers, chunksize=4, timeout_s=1.0,
+                                crashed=lambda item, why: why))  # fmt: skip
+    hung = "no result after 1 s: the decoder hung on this file and was killed"
+    assert results == [hung if i in (3, 11) else i * 10 for i in range(16)]
+    assert time.monotonic() - started < 30  # two chunks timed out, then their items one by one
+    assert multiprocessing.active_children() == []

@@ -6,9 +6,14 @@ served in-process through FastAPI's TestClient, and once by a real uvicorn on 12
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import socket
 import struct
+import subprocess
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +22,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -25,7 +31,9 @@ from tasks.core.io import read_json
 from tasks.images.imaging import is_image_name, load_array
 from tasks.images.shards import ShardSplit
 from tasks.training.models import load_model_file, predict_logits
-from tests.helpers.serving import SERVE, paths_of, running_server
+from tests.helpers.prefect import free_port
+from tests.helpers.project import ROOT
+from tests.helpers.serving import SERVE, paths_of, running_server, serve_python
 
 
 @pytest.fixture
@@ -285,3 +293,61 @@ def test_real_server_streams_limits_and_stays_bounded(server: tuple[str, psutil.
     assert growth < 50 * 2**20, f"server RSS grew {growth / 2**20:.1f} MiB over 200 hostile requests"
     print(f"RSS growth over 200 hostile requests: {growth / 2**20:.1f} MiB; codes {sorted(set(codes))}")
     assert httpx.get(f"{url}/ready", timeout=10).status_code == 200  # still serving after all of them
+
+
+def test_an_exception_inside_inference_is_a_json_500(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serving import app as serving_app
+
+    def broken(self: object, model: object, items: object) -> None:
+        raise RuntimeError("planted onnxruntime failure")
+
+    serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
+    app = create_app(serve, paths_of(project), load_in_background=False)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        monkeypatch.setattr(serving_app.Classifier, "decode", broken)
+        response = c.post("/predict", files={"file": ("a.png", png(Image.new("RGB", (32, 32))))})
+    assert response.status_code == 500 and response.headers["content-type"] == "application/json"
+    assert response.json() == {
+        "error": "internal_error",
+        "detail": "the server failed on this request (RuntimeError); its log has the details",
+    }
+
+
+def _serve_from(folder: Path, params: dict[str, object]) -> subprocess.Popen[str]:
+    """`python -m serving` (make serve) from the serving venv, in a folder holding only this params.yaml."""
+    (folder / "params.yaml").write_text(yaml.safe_dump(params))
+    return subprocess.Popen([str(serve_python()), "-m", "serving"], cwd=folder, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+
+
+def test_make_serve_with_bad_params_says_one_line_and_no_traceback(tmp_path: Path) -> None:
+    proc = _serve_from(tmp_path, {"serve": {"port": 0, "max_connections": "many"}})
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    assert err.startswith("[serve] error: params.yaml: invalid params") and "serve.port" in err, err
+
+
+def test_make_serve_answers_503_beyond_max_connections(project: Path, tmp_path: Path) -> None:
+    port = free_port()
+    paths = {"onnx": str(project / "models/model.onnx"), "reports": str(project / "reports"),
+             "baseline": str(tmp_path / "no-baseline")}  # fmt: skip
+    proc = _serve_from(tmp_path, {"paths": paths, "serve": {"port": port, "max_connections": 2, "warmup_runs": 1,
+                                                            "review_dir": str(tmp_path / "review")}})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        assert httpx.get(f"{url}/health").status_code == 200
+        with socket.create_connection(("127.0.0.1", port)):  # an idle client holds one of the two
+            assert httpx.get(f"{url}/health").status_code == 503
+        time.sleep(0.5)  # uvicorn notices the closed socket
+        assert httpx.get(f"{url}/health").status_code == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
