@@ -47,7 +47,7 @@ from flows.explain import why_stage_runs
 from flows.shell import output, stream
 from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import atomic_file
-from tasks.core.params import PARAMS_FILE, load_params
+from tasks.core.params import PARAMS_FILE, Params, load_params
 
 __all__ = ["DEPLOYMENT", "StageCrashed", "check_placement", "placed_stage", "run_stage_flow"]
 
@@ -404,6 +404,25 @@ def _has_config(repo: Path, key: str) -> bool:
     return subprocess.run(["git", "config", key], cwd=repo, capture_output=True).returncode == 0
 
 
+def _check_sent_params(repo: Path, text: str | None) -> None:
+    """The params.yaml train-flow sends may carry other hyperparameters than the commit's (`dvc exp run -S`),
+    but it must validate, and its `paths` must be the commit's: where a stage writes is the checkout's
+    setting, not something a flow run chooses."""
+    if text is None:
+        return
+    try:
+        sent = Params.model_validate(yaml.safe_load(text))
+    except (yaml.YAMLError, ValueError) as exc:
+        raise PlacementError(f"the params.yaml sent with this run does not validate: {str(exc)[:500]}") from None
+    committed = load_params(repo / PARAMS_FILE).paths
+    changed = [name for name in type(committed).model_fields if getattr(sent.paths, name) != getattr(committed, name)]
+    if changed:
+        raise PlacementError(
+            f"the params.yaml sent with this run changes paths.{', paths.'.join(changed)}: a placed stage reads and "
+            "writes where the commit's params.yaml says"
+        )
+
+
 @flow(name="run-stage", log_prints=True, validate_parameters=True)
 def run_stage_flow(
     stage: str,
@@ -430,6 +449,7 @@ def run_stage_flow(
     check_git_remote(repo, git_remote)
     check_dvc_remote(repo, dvc_remote)
     _check_out(repo, commit, git_remote)
+    _check_sent_params(repo, files.get("params.yaml"))
     for name, text in files.items():
         with atomic_file(repo / name) as handle:
             handle.write(text.encode())

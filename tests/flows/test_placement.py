@@ -141,6 +141,13 @@ def test_run_stage_refuses_hostile_parameters_and_runs_nothing(pushed: Path, tmp
         with pytest.raises(PlacementError, match=re.escape(message)):
             _run_stage(pushed, **parameters)
         assert not marker.exists(), name
+    params = (pushed / "params.yaml").read_text()
+    elsewhere = params.replace("model: models/model.pt", f"model: {marker}")
+    with pytest.raises(PlacementError, match=r"changes paths.model: a placed stage reads and writes where the commit"):
+        _run_stage(pushed, commit=head, files={"params.yaml": elsewhere})
+    with pytest.raises(PlacementError, match=r"the params.yaml sent with this run does not validate"):
+        _run_stage(pushed, commit=head, files={"params.yaml": params.replace("epochs: 1", "epochs: -1")})
+    assert (pushed / "params.yaml").read_text() == params and not marker.exists()
     # No repo_dir: the worker's checkout is the deployment's working directory, never a parameter.
     with pytest.raises(Exception, match="repo_dir"):
         run_stage_flow.validate_parameters({"stage": "train", "commit": head, "files": {}, "repo_dir": str(foreign)})
