@@ -21,7 +21,16 @@ from typing import Any
 import torch
 
 from tasks.core.cli import stage_main
-from tasks.core.environment import LIBRARIES, cpu_flags, dvc_experiment, library_versions, machine, usable_cores
+from tasks.core.environment import (
+    LIBRARIES,
+    cpu_flags,
+    dvc_experiment,
+    library_versions,
+    machine,
+    off_pin,
+    pinned,
+    usable_cores,
+)
 from tasks.core.io import write_json
 from tasks.core.params import Params
 from tasks.training import distributed
@@ -73,6 +82,9 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
 
 def run(params: Params, out_dir: Path) -> dict[str, dict[str, Any]]:
     resolved = resolve(params)
+    versions = {name: v for record in resolved.values() for name, v in record["libraries"].items()}
+    for name, why in off_pin(versions, pinned()).items():
+        log.warning("%s %s: this venv is not the tested one; the stages that use it record the difference", name, why)
     for name, record in resolved.items():
         write_json(out_dir / f"{name}.json", record)
     t = resolved["train"]

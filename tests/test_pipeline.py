@@ -98,6 +98,14 @@ def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(re
     finally:
         (repo / "dvc.lock").write_text(lock)
 
+    # The same checkout told its CPU has native bf16: exactly the stages that depend on train's record rerun.
+    forced = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, capture_output=True, text=True,
+                            env={**os.environ, "IMAGEPIPE_NATIVE_BF16": "1"})  # fmt: skip
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert set(ran_stages(forced.stdout)) == {"environment", "train", "evaluate", "export", "check_regression"}
+    back = dvc("repro", cwd=repo).stdout  # fp32 again: DVC's run cache restores the committed run's outputs
+    assert "train" not in ran_stages(back) and check_reproduced(repo).returncode == 0
+
     # A clone whose CPU says it has native bf16: precision auto resolves to bf16, so train reruns there
     # (its environment record is a dep) and check-reproduced names why the bytes differ.
     clone = tmp_path / "clone"

@@ -52,6 +52,24 @@ def library_versions(names: tuple[str, ...]) -> dict[str, str]:
     return versions
 
 
+def pinned(constraints: Path = Path("constraints.txt")) -> dict[str, str]:
+    """name -> version of constraints.txt's `name==version` lines (the tested environment); {} without it."""
+    if not constraints.is_file():
+        return {}
+    pins = {}
+    for line in constraints.read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def off_pin(versions: dict[str, str], pins: dict[str, str]) -> dict[str, str]:
+    """The libraries whose installed version is not constraints.txt's: `name: installed (pinned X)`."""
+    return {name: f"{v} (constraints.txt pins {pins[name]})" for name, v in versions.items()
+            if name in pins and pins[name] != v}  # fmt: skip
+
+
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
     """The kernel-choosing flags this CPU has (Linux); [] where /proc/cpuinfo says nothing."""
     try:
