@@ -406,20 +406,24 @@ def _has_config(repo: Path, key: str) -> bool:
 
 def _check_sent_params(repo: Path, text: str | None) -> None:
     """The params.yaml train-flow sends may carry other hyperparameters than the commit's (`dvc exp run -S`),
-    but it must validate, and its `paths` must be the commit's: where a stage writes is the checkout's
-    setting, not something a flow run chooses."""
+    but it must validate, and its `paths`, `data.source` and `data.test_source` must be the commit's: where a
+    stage reads and writes is the commit's setting, not something a flow run chooses."""
     if text is None:
         return
     try:
         sent = Params.model_validate(yaml.safe_load(text))
     except (yaml.YAMLError, ValueError) as exc:
         raise PlacementError(f"the params.yaml sent with this run does not validate: {str(exc)[:500]}") from None
-    committed = load_params(repo / PARAMS_FILE).paths
-    changed = [name for name in type(committed).model_fields if getattr(sent.paths, name) != getattr(committed, name)]
+    committed = load_params(repo / PARAMS_FILE)
+    places = {f"paths.{name}": (getattr(sent.paths, name), getattr(committed.paths, name))
+              for name in type(committed.paths).model_fields}  # fmt: skip
+    places |= {f"data.{name}": (getattr(sent.data, name), getattr(committed.data, name))
+               for name in ("source", "test_source")}  # fmt: skip
+    changed = [key for key, (theirs, ours) in places.items() if theirs != ours]
     if changed:
         raise PlacementError(
-            f"the params.yaml sent with this run changes paths.{', paths.'.join(changed)}: a placed stage reads and "
-            "writes where the commit's params.yaml says"
+            f"the params.yaml sent with this run changes {', '.join(changed)}: a placed stage reads and writes "
+            "where the commit's params.yaml says"
         )
 
 

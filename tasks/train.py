@@ -210,7 +210,7 @@ def _train(
     precision = resolve_precision(params.precision, device)
     identity = run_identity(params, seed=seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
                             init_sha256=model.transfer["sha256"] if model.transfer else None,
-                            device_type=device.type)  # fmt: skip
+                            device_type=device.type, precision=precision.name)  # fmt: skip
     checkpointer = Checkpointer(out.checkpoints / identity.name, identity, hooks)
     optimizer = build_optimizer(model.module, params)
     schedule = Schedule(optimizer, params, data.sampler.steps_per_epoch)

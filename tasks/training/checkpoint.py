@@ -46,7 +46,7 @@ class CheckpointError(StageError):
 
 @dataclass(frozen=True)
 class RunIdentity:
-    params_sha256: str  # the train params that shape the weights, the seed, init weights, device type
+    params_sha256: str  # the train params that shape the weights, the seed, init weights, device, precision, torch
     data_sha256: str  # the shard manifest
 
     @property
@@ -55,10 +55,19 @@ class RunIdentity:
 
 
 def run_identity(
-    params: TrainParams, *, seed: int, data_sha256: str, init_sha256: str | None, device_type: str
+    params: TrainParams,
+    *,
+    seed: int,
+    data_sha256: str,
+    init_sha256: str | None,
+    device_type: str,
+    precision: str = "fp32",
 ) -> RunIdentity:
+    """What the weights depend on. The resolved precision and torch's version are part of it (auto resolves
+    to bf16 on one CPU, fp32 on another): a run never resumes, or takes as finished, another one's checkpoint."""
     shaping = params.model_dump(mode="json", exclude=set(OPERATIONAL))
-    blob = json.dumps({"train": shaping, "seed": seed, "init": init_sha256, "device": device_type}, sort_keys=True)
+    blob = json.dumps({"train": shaping, "seed": seed, "init": init_sha256, "device": device_type,
+                       "precision": precision, "torch": torch.__version__}, sort_keys=True)  # fmt: skip
     return RunIdentity(hashlib.sha256(blob.encode()).hexdigest(), data_sha256)
 
 

@@ -204,7 +204,7 @@ def test_a_baseline_from_other_test_images_fails_its_rule(
     assert not verdict.passed and verdict.status == "different test set" and verdict.results == ()
     assert "test set sha256 000000000000" in verdict.summary() and "`make promote`" in verdict.summary()
     assert read_json(tmp_path / "reports/gate.json") == {
-        "verdict": "different test set", "passed": False, "summary": verdict.summary(),
+        "verdict": "different test set", "passed": False, "enforced": True, "summary": verdict.summary(),
     }  # fmt: skip
 
 

@@ -125,6 +125,10 @@ def test_run_identity_ignores_operational_params_only() -> None:
     assert ident(num_workers=4) == ident(auto_batch=True) == ident(checkpoint_every_steps=7) == base
     assert ident(nonfinite="abort") == ident(threads=1) == ident(resume=False) == ident(compile=True) == base
     assert len({base, ident(lr=0.2), ident(epochs=7), ident(precision="fp32"), ident(nproc_per_node=2)}) == 5
+    # What auto resolved to is part of it: a bf16 run never takes an fp32 run's checkpoint as its own.
+    resolved = {run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu",
+                             precision=name).params_sha256 for name in ("fp32", "bf16")}  # fmt: skip
+    assert len(resolved) == 2
 
 
 def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> None:
