@@ -70,7 +70,8 @@ push: setup
 pull: setup
 	$(BIN)/python scripts/dvc_sync.py pull
 
-# Does this checkout's last run reproduce the committed one? Names each stage and file that differ.
+# Does this checkout's last run reproduce the committed one? identical; the same environment but other
+# bytes (a bug, by stage and file); or another environment (named, with metric deltas, within tolerance).
 check-reproduced: setup
 	$(BIN)/python scripts/lock_diff.py HEAD
 

@@ -28,6 +28,10 @@ def _main(params: Params) -> None:
     quarantine = _read(paths.shards / QUARANTINE)["counts"]
     gate = verdict.get("summary") or ("PASS" if verdict["passed"] else "REGRESSION")
     recipe = _read(paths.train_run).get("recipe", {}).get("summary", "-")
+    env_path = paths.environment / "train.json"
+    env = read_json(env_path) if env_path.is_file() else {}
+    environment = (f"train {env.get('precision', '-')} on {env.get('device', '-')}, {env.get('threads', '-')} "
+                   f"thread(s), torch {env.get('libraries', {}).get('torch', '-')} ({env_path})")  # fmt: skip
     q = export.get("onnx_int8")
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
@@ -46,6 +50,7 @@ def _main(params: Params) -> None:
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
         f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored{unversioned}\n"
         f"  recipe        {recipe}\n"
+        f"  environment   {environment}\n"
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
