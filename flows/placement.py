@@ -56,6 +56,8 @@ REFS = "refs/imagepipe/stages"  # where a placed run leaves its dvc.lock and unc
 SENT = ("dvc.lock", "params.yaml")  # what train-flow sends along with the commit
 COMMIT = re.compile(r"[0-9a-f]{40}")
 ENVIRONMENT = "environment"  # the stage that describes a machine: each machine runs it for itself
+# train params a sent params.yaml may not change: what the stage reads, and whom it connects to
+PINNED_TRAIN = ("init_from", "nnodes", "rdzv_endpoint", "rdzv_timeout_s", "nproc_per_node")
 
 
 class PlacementError(StageFailed):
@@ -130,7 +132,7 @@ def check_commit(commit: str) -> str:
 
 def on_remote_branch(repo: Path, commit: str, git_remote: str) -> bool:
     """After a fetch from `git_remote`: is `commit` on one of its branches (not only somewhere in this clone)?"""
-    git(repo, "fetch", "--quiet", "--", git_remote)
+    git(repo, "fetch", "--quiet", "--prune", "--", git_remote)  # a branch deleted there is gone here too
     if subprocess.run(["git", "cat-file", "-e", f"{check_commit(commit)}^{{commit}}"], cwd=repo).returncode != 0:
         return False
     return bool(git(repo, "branch", "--remotes", "--contains", check_commit(commit), "--list", f"{git_remote}/*"))
@@ -406,8 +408,9 @@ def _has_config(repo: Path, key: str) -> bool:
 
 def _check_sent_params(repo: Path, text: str | None) -> None:
     """The params.yaml train-flow sends may carry other hyperparameters than the commit's (`dvc exp run -S`),
-    but it must validate, and its `paths`, `data.source` and `data.test_source` must be the commit's: where a
-    stage reads and writes is the commit's setting, not something a flow run chooses."""
+    but it must validate, and what says where a stage reads, writes or connects must be the commit's: `paths`,
+    `data.source`, `data.test_source`, and train's init_from and multi-node rendezvous (a rank unpickles what
+    its peers send). That is the commit's setting, not something a flow run chooses."""
     if text is None:
         return
     try:
@@ -419,6 +422,7 @@ def _check_sent_params(repo: Path, text: str | None) -> None:
               for name in type(committed.paths).model_fields}  # fmt: skip
     places |= {f"data.{name}": (getattr(sent.data, name), getattr(committed.data, name))
                for name in ("source", "test_source")}  # fmt: skip
+    places |= {f"train.{name}": (getattr(sent.train, name), getattr(committed.train, name)) for name in PINNED_TRAIN}
     changed = [key for key, (theirs, ours) in places.items() if theirs != ours]
     if changed:
         raise PlacementError(

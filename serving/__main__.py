@@ -14,14 +14,15 @@ from tasks.core.params import ParamsError, load_params
 def main() -> None:
     try:
         serve = load_params().serve
-    except ParamsError as exc:
-        print(f"[serve] error: {exc}", file=sys.stderr)
+    except (ParamsError, OSError) as exc:
+        print(f"[serve] error: {'; '.join(line.strip() for line in str(exc).splitlines())}", file=sys.stderr)
         sys.exit(2)
     uvicorn.run(
         "serving.app:app_from_params", factory=True, host=serve.host, port=serve.port, workers=serve.workers,
         # Closes idle keep-alive sockets so slow or abandoned clients cannot pin memory; beyond
         # max_connections open connections and requests, uvicorn answers 503 instead of queueing them.
-        timeout_keep_alive=5, limit_concurrency=serve.max_connections, log_level="info",
+        # uvicorn counts the connection asking too: +1, so that max_connections of them are served.
+        timeout_keep_alive=5, limit_concurrency=serve.max_connections + 1, log_level="info",
     )  # fmt: skip
 
 

@@ -219,10 +219,9 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(exc.status_code, code, detail, request, exc.headers)  # keeps a 405's Allow header
 
     # Anything else (a bug, onnxruntime failing mid-call) is still a JSON body, not Starlette's plain text;
-    # the traceback goes to the log, not to the client.
+    # the traceback goes to the log (Starlette re-raises it for uvicorn to log), not to the client.
     @app.exception_handler(Exception)
     async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return _error(500, "internal_error", f"the server failed on this request ({type(exc).__name__}); "
                       "its log has the details", request)  # fmt: skip
 

@@ -15,6 +15,7 @@ gate, enforced, instead of reading the experiment's record.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ from tasks.core.environment import (
 from tasks.core.io import write_json
 from tasks.core.params import Params
 from tasks.training import distributed
+from tasks.training.hooks import ALLOW as ALLOW_HOOKS_ENV
+from tasks.training.hooks import ENV as HOOKS_ENV
 from tasks.training.precision import resolve_precision
 from tasks.training.runtime import cpu_threads
 
@@ -63,6 +66,11 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
             "processes_per_node": t.nproc_per_node,
             "nodes": t.nnodes,
         }
+        if device.type == "cuda":
+            train.update(cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    hooks = os.environ.get(HOOKS_ENV)
+    if hooks:  # a test's run: part of the key, so DVC's run cache never hands its model to a production run
+        train["test_hooks"] = {"module": hooks, "allowed": os.environ.get(ALLOW_HOOKS_ENV) == "1"}
     stages: dict[str, dict[str, Any]] = {
         "generate": {},
         "preprocess": {},
@@ -71,7 +79,8 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
         "export": {"device": "cpu", "threads": params.export.threads or usable_cores(), "cpu": cpu(flags)},
         "check_regression": {
             "device": "cpu",
-            "threads": usable_cores(),
+            "threads": "onnxruntime's default",
+            "cores": usable_cores(),
             "cpu_flags": flags,
             "gate": "recorded only (dvc exp run)" if dvc_experiment() else "enforced",
         },  # fmt: skip

@@ -124,9 +124,12 @@ def isolated_map(
                 if not busy:  # a replacement settled the awaited chunk itself: nothing to wait for
                     continue
                 ready = wait(busy, timeout=_time_left(pool, timeout_s))
-                for k, worker in enumerate(pool):
-                    if worker.conn not in ready and _overdue(worker, timeout_s):  # hung: killed, as if it died
-                        pool[k] = _replace(ctx, target, worker, chunks, done, crashed)
+                # Judged all at once, before any replacement (which can take a while): a worker whose reply
+                # is already in its pipe is not hung.
+                hung = [k for k, w in enumerate(pool) if w.conn not in ready and _overdue(w, timeout_s)
+                        and not w.conn.poll(0)]  # fmt: skip
+                for k in hung:  # killed, as if it had died
+                    pool[k] = _replace(ctx, target, pool[k], chunks, done, crashed)
                 for worker in [worker for worker in pool if worker.conn in ready]:
                     try:
                         reply = worker.conn.recv()

@@ -145,6 +145,9 @@ def test_run_stage_refuses_hostile_parameters_and_runs_nothing(pushed: Path, tmp
     elsewhere = params.replace("model: models/model.pt", f"model: {marker}")
     with pytest.raises(PlacementError, match=r"changes paths.model: a placed stage reads and writes where the commit"):
         _run_stage(pushed, commit=head, files={"params.yaml": elsewhere})
+    rendezvous = params.replace("nnodes: 1", "nnodes: 2")  # ranks unpickle what their peers send
+    with pytest.raises(PlacementError, match=r"changes train.nnodes: a placed stage reads and writes"):
+        _run_stage(pushed, commit=head, files={"params.yaml": rendezvous})
     with pytest.raises(PlacementError, match=r"the params.yaml sent with this run does not validate"):
         _run_stage(pushed, commit=head, files={"params.yaml": params.replace("epochs: 1", "epochs: -1")})
     assert (pushed / "params.yaml").read_text() == params and not marker.exists()

@@ -326,14 +326,15 @@ def test_make_serve_with_bad_params_says_one_line_and_no_traceback(tmp_path: Pat
     proc = _serve_from(tmp_path, {"serve": {"port": 0, "max_connections": "many"}})
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "Traceback" not in err, err
-    assert err.startswith("[serve] error: params.yaml: invalid params") and "serve.port" in err, err
+    assert err.startswith("[serve] error: params.yaml: invalid params; serve.port") and err.count("\n") == 1, err
+    assert "serve.max_connections" in err
 
 
 def test_make_serve_answers_503_beyond_max_connections(project: Path, tmp_path: Path) -> None:
     port = free_port()
     paths = {"onnx": str(project / "models/model.onnx"), "reports": str(project / "reports"),
              "baseline": str(tmp_path / "no-baseline")}  # fmt: skip
-    proc = _serve_from(tmp_path, {"paths": paths, "serve": {"port": port, "max_connections": 2, "warmup_runs": 1,
+    proc = _serve_from(tmp_path, {"paths": paths, "serve": {"port": port, "max_connections": 1, "warmup_runs": 1,
                                                             "review_dir": str(tmp_path / "review")}})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
@@ -344,7 +345,7 @@ def test_make_serve_answers_503_beyond_max_connections(project: Path, tmp_path: 
                     break
             time.sleep(0.2)
         assert httpx.get(f"{url}/health").status_code == 200
-        with socket.create_connection(("127.0.0.1", port)):  # an idle client holds one of the two
+        with socket.create_connection(("127.0.0.1", port)):  # an idle client holds the one connection
             assert httpx.get(f"{url}/health").status_code == 503
         time.sleep(0.5)  # uvicorn notices the closed socket
         assert httpx.get(f"{url}/health").status_code == 200
