@@ -83,6 +83,7 @@ def check_reproduced(repo: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(repo: Path, tmp_path: Path) -> None:
+    dvc("repro", cwd=repo)  # a production run's record (an earlier test left an experiment's, not enforced)
     commit(repo, "the run record")
     same = check_reproduced(repo)
     assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout
