@@ -132,10 +132,11 @@ def check_commit(commit: str) -> str:
 
 def on_remote_branch(repo: Path, commit: str, git_remote: str) -> bool:
     """After a fetch from `git_remote`: is `commit` on one of its branches (not only somewhere in this clone)?"""
+    check_commit(commit)  # hex only, before git sees it
     git(repo, "fetch", "--quiet", "--prune", "--", git_remote)  # a branch deleted there is gone here too
-    if subprocess.run(["git", "cat-file", "-e", f"{check_commit(commit)}^{{commit}}"], cwd=repo).returncode != 0:
+    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo).returncode != 0:
         return False
-    return bool(git(repo, "branch", "--remotes", "--contains", check_commit(commit), "--list", f"{git_remote}/*"))
+    return bool(git(repo, "branch", "--remotes", "--contains", commit, "--list", f"{git_remote}/*"))
 
 
 def changed_files(repo: Path) -> list[str]:
