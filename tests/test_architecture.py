@@ -22,6 +22,8 @@ import pytest
 
 from tests.helpers.project import ROOT
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 TORCH = ("torch", "torchvision")
 TRAINING_STACK = (*TORCH, "pyarrow", "dvc", "prefect")
 

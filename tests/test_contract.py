@@ -14,6 +14,8 @@ from flows.dag import layers, load_stages, upstream
 from tasks.core.params import Params, load_params
 from tests.helpers.project import ROOT
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PIPELINE = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 STAGES = load_stages(ROOT)
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.helpers.project import ROOT, env_with_venv
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def closed_port_url() -> str:
     with socket.socket() as s:  # bound, never listening: connections are refused

@@ -13,6 +13,8 @@ import yaml
 from tasks.core.params import Params, ParamsError, derive_seed, load_params, parse_params
 from tests.helpers.project import ROOT, env_with_venv
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def test_repo_params_load_and_are_frozen() -> None:
     params = load_params(ROOT / "params.yaml")

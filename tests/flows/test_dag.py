@@ -11,6 +11,8 @@ import pytest
 from flows.dag import layers, load_stages
 from tests.helpers.project import dvc, sh
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 DVC_YAML = """
 vars:
   - shards: data/shards

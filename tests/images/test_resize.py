@@ -13,6 +13,8 @@ from tasks.images.aspect import Aspect, choose_resize
 from tasks.images.imaging import LEGACY_CROP, PreprocessSpec, to_square
 from tests.helpers.folders import draw_offcentre_folder, make_imagefolder
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def stripes(width: int, height: int) -> Image.Image:
     """Left third red, middle green, right third blue: what each mode keeps is visible in the columns."""

@@ -22,6 +22,8 @@ from tasks.training.augment import Augment, uniforms
 from tasks.training.dataset import ShardDataset
 from tests.helpers.folders import make_imagefolder
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=7, val_fraction=0.2, test_fraction=0.2)
 MODES = [
     AugmentParams(),

@@ -8,6 +8,8 @@ import pytest
 
 from tasks.release.gate import commit_refusal, hooks_refusal, promote_refusal
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 GATE = Path("reports/gate.json")
 
 

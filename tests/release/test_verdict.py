@@ -7,6 +7,8 @@ import pytest
 from tasks.core.params import Rule
 from tasks.release.verdict import compare, format_table, lookup
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 BASE = {"accuracy": 0.95, "loss": 0.20, "per_class": {"cat": {"recall": 0.90}}}
 
 

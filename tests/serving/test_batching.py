@@ -16,6 +16,8 @@ import pytest
 
 from serving.batching import Batcher, QueueFull
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 class Recorder:
     """Answers each item with (item, call number); holds every call while `gate` is cleared."""

@@ -10,6 +10,8 @@ from tasks.environment import resolve
 from tests.helpers.project import ROOT
 from tests.helpers.serving import PARAMS
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def test_every_stage_gets_a_record_with_its_libraries() -> None:
     records = resolve(PARAMS)

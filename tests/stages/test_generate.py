@@ -13,6 +13,8 @@ from tasks.core.errors import StageError
 from tasks.core.params import GenerateParams, Params
 from tasks.images import synth
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 SMALL = GenerateParams(num_classes=4, images_per_class=12, min_side=32, max_side=96, workers=1)
 
 

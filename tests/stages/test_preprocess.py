@@ -24,6 +24,8 @@ from tasks.training.dataset import ShardDataset
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import ROOT
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=16, val_fraction=0.2, test_fraction=0.2)
 
 

@@ -22,6 +22,8 @@ from tasks.images.shards import ShardSplit
 from tasks.images.workpool import isolated_map
 from tests.helpers.folders import make_imagefolder
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PARAMS = PreprocessParams(
     image_size=16, workers=2, shard_size=32, val_fraction=0.1, test_fraction=0.2, min_side=16, max_pixels=50_000
 )

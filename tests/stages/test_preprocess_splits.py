@@ -15,6 +15,8 @@ from tasks.images.shards import ShardSplit
 from tasks.images.validation import fixed_test_folder
 from tests.helpers.folders import make_imagefolder
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PARAMS = PreprocessParams(image_size=16, workers=2, val_fraction=0.1, test_fraction=0.1)
 
 

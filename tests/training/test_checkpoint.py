@@ -25,6 +25,8 @@ from tasks.training.checkpoint import (
 )
 from tasks.training.models import build_model
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 IDENTITY = RunIdentity("p" * 64, "d" * 64)
 
 

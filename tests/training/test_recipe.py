@@ -10,6 +10,8 @@ from tasks.core.params import ParamsError, TrainParams, parse_params
 from tasks.training.optim import warmup_cosine
 from tasks.training.recipe import resolve
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 DEFAULT = parse_params({}).train  # params.yaml's defaults: batch_size, lr, epochs, warmup_epochs are auto
 
 

@@ -19,6 +19,8 @@ from tasks.training.step import NonFiniteError
 from tests.helpers.faults import FaultHooks, FaultSpecError
 from tests.helpers.training import CPU, SPEC, Net, batch, make_trainer, weights
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def test_accumulation_4x8_gives_the_update_of_one_batch_of_32() -> None:
     torch.manual_seed(0)

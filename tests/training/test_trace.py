@@ -15,6 +15,8 @@ from tasks.training.models import build_model
 from tasks.training.trace import flagged, table, trace
 from tests.helpers.training import PARAMS, make_shards
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
