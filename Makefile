@@ -12,7 +12,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup run test test-slow promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
+.PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
 .PHONY: serve serve-venv add-data add-weights commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -49,6 +49,20 @@ test: setup serve-venv
 
 test-slow: setup serve-venv
 	$(BIN)/python -m pytest -m slow
+
+# The edit loop: the unit-level tests only (marker `fast`, pyproject.toml), under 3 minutes on 2 cores.
+# make test stays the full default suite.
+test-fast: setup
+	$(BIN)/python -m pytest -m 'fast and not slow and not gpu'
+
+# The docs site (mkdocs.yml, docs/): served on 127.0.0.1 with live reload, or built once with --strict
+# into site/ (what .ci/run checks).
+DOCS_PORT ?= 8000
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:$(DOCS_PORT)
+
+docs-build: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # After a run, commit what DVC recorded, as DVC intends: dvc.lock, the .gitignore and .dvc files it
 # wrote, the uncached metrics and plots in reports/, and the params they came from. Then

@@ -1,7 +1,7 @@
 """INT8 by onnxruntime static quantization: fp32 ONNX + a seeded sample of training images -> INT8 ONNX.
 
 QOperator format, u8 activations / s8 weights, MinMax ranges calibrated on the sample, after
-`quant_pre_process`: the combination REFERENCE.md measured fastest on this CPU (static QDQ and
+`quant_pre_process`: the combination docs/benchmarks.md measured fastest on this CPU (static QDQ and
 dynamic quantization were slower than fp32 there). The classifier head can stay fp32: on the
 default data, quantizing it alone flipped 3.4% of top-1 predictions (agreement 0.966 vs 0.997
 with the head in fp32, same speed-up).
