@@ -42,7 +42,7 @@ setup: $(STAMP)
 
 run: setup
 	$(BIN)/dvc repro
-	@$(BIN)/python -m tasks.summary
+	@$(BIN)/python -m tasks.tools.summary
 
 test: setup serve-venv
 	$(BIN)/python -m pytest
@@ -94,7 +94,7 @@ check-reproduced: setup
 add-data: setup
 	@test -n "$(SRC)" || { echo "error: SRC is missing: make add-data SRC=/path/to/images NAME=pets" >&2; exit 2; }
 	@test -n "$(NAME)" || { echo "error: NAME is missing: make add-data SRC=$(SRC) NAME=pets" >&2; exit 2; }
-	$(BIN)/python -m tasks.add_data "$(SRC)" "$(NAME)"
+	$(BIN)/python -m tasks.tools.add_data "$(SRC)" "$(NAME)"
 
 # torchvision's published weights for train.pretrained, as a DVC-tracked file in models/pretrained/: `dvc import-url`
 # of its URL (internet needed), or SRC=/path/to/the/file to `dvc add` a copy you have. Checked against the hash in
@@ -102,13 +102,13 @@ add-data: setup
 WEIGHTS ?= DEFAULT
 add-weights: setup
 	@test -n "$(ARCH)" || { echo "error: ARCH is missing: make add-weights ARCH=resnet18 [WEIGHTS=IMAGENET1K_V1] [SRC=file]" >&2; exit 2; }
-	$(BIN)/python -m tasks.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)")
+	$(BIN)/python -m tasks.tools.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)")
 
 # Make this run's exported model (hash-verified) and its test metrics the baseline that
 # check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against
 # the new baseline, so dvc.lock records it as DVC would (`dvc status` stays clean): then make commit-run.
 promote: setup
-	ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.promote
+	ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.promote
 	$(BIN)/dvc repro --single-item check_regression
 
 lint: setup
@@ -124,21 +124,21 @@ train-join: setup
 # Overfit one training batch with the train recipe: a loss that won't reach ~0 means a broken code or
 # data path, not bad hyperparameters (params: sanity.*; needs the shards: dvc repro preprocess).
 sanity: setup
-	$(BIN)/python -m tasks.sanity
+	$(BIN)/python -m tasks.tools.sanity
 
 # When a model misbehaves (README "Debugging"): a layer trace of one real training batch (forward and
 # backward hooks on every module -> reports/inspect.json), and the learning-rate range test
 # (reports/lr_find.json + .png, and the `dvc exp run -S train.lr=...` to try). ARGS: the tools' flags.
 inspect: setup
-	$(BIN)/python -m tasks.layer_trace $(ARGS)
+	$(BIN)/python -m tasks.tools.layer_trace $(ARGS)
 
 lr-find: setup
-	$(BIN)/python -m tasks.lr_find $(ARGS)
+	$(BIN)/python -m tasks.tools.lr_find $(ARGS)
 
 # The likeliest label errors of reports/label_errors.json into the review folder (TOP=30).
 TOP ?= 30
 review-label-errors: setup
-	$(BIN)/python -m tasks.review_label_errors --top $(TOP)
+	$(BIN)/python -m tasks.tools.review_label_errors --top $(TOP)
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".

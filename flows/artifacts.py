@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks.core import nested
 from tasks.core.paths import Paths
 from tasks.release.verdict import Verdict, format_table
 
@@ -40,15 +41,10 @@ KEYS = {
 }
 
 
-def flatten(obj: Any, prefix: str = "") -> list[dict[str, Any]]:
-    """Nested JSON as rows of dotted keys (`per_class.cat.recall`), the names regression rules use."""
-    if isinstance(obj, Mapping):
-        rows = []
-        for key in sorted(obj):
-            rows.extend(flatten(obj[key], f"{prefix}.{key}" if prefix else str(key)))
-        return rows
-    value = json.dumps(obj) if isinstance(obj, list | tuple) else obj
-    return [{"key": prefix, "value": value}]
+def flatten(obj: Any) -> list[dict[str, Any]]:
+    """Nested JSON as table rows of dotted keys (`per_class.cat.recall`), the names regression rules use."""
+    return [{"key": key, "value": json.dumps(value) if isinstance(value, list | tuple) else value}
+            for key, value in sorted(nested.flatten(obj).items())]  # fmt: skip
 
 
 def verdict_markdown(verdict: Verdict, *, title: str, notes: list[str] | None = None) -> str:

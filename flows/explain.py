@@ -13,16 +13,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from flows.shell import stage_env
+from tasks.core.nested import flatten
+from tasks.core.private_api import dvc_stage_status
 
 STAGE_WORDS = {
     "always changed": "always changed (always_changed: true)",
@@ -31,16 +29,6 @@ STAGE_WORDS = {
 }
 COMPARED = ("accuracy", "macro_f1", "loss", "num_samples")
 MAX_PARAM_LINES = 30
-
-
-def leaves(value: Any, prefix: str) -> dict[str, Any]:
-    """Nested params as dotted leaves: {"train": {"lr": 0.1}} -> {"train.lr": 0.1}."""
-    if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for key in value:
-            out |= leaves(value[key], f"{prefix}.{key}" if prefix else str(key))
-        return out
-    return {prefix: value}
 
 
 def changed_leaves(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -52,20 +40,6 @@ def changed_leaves(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             lines.append(f"{name}: {json.dumps(before) if before != '(none)' else before} -> "
                          f"{json.dumps(after) if after != '(none)' else after}")  # fmt: skip
     return lines
-
-
-def dvc_status(repo: Path, stage: str, attempts: int = 5) -> list[Any]:
-    """DVC's status entries for one stage (no upstream stages); retried while another DVC process holds
-    the repository lock (evaluate and export run side by side)."""
-    command = [sys.executable, "-m", "dvc", "status", "--json", stage]
-    for attempt in range(attempts):
-        proc = subprocess.run(command, cwd=repo, env=stage_env(), capture_output=True, text=True)
-        if proc.returncode == 0:
-            return json.loads(proc.stdout or "{}").get(stage, [])
-        if "lock" not in proc.stderr.lower() or attempt == attempts - 1:
-            raise RuntimeError(f"dvc status {stage} failed: {proc.stderr.strip()[-500:]}")
-        time.sleep(1 + attempt)
-    return []
 
 
 def _recorded_params(repo: Path, stage: str, file: str) -> dict[str, Any]:
@@ -84,7 +58,7 @@ def _param_reasons(repo: Path, stage: str, file: str, changes: Mapping[str, str]
         value: Any = current
         for part in name.split("."):
             value = value.get(part) if isinstance(value, Mapping) else None
-        detail = changed_leaves(leaves(recorded.get(name), name), leaves(value, name)) if name in recorded else []
+        detail = changed_leaves(flatten(recorded.get(name), name), flatten(value, name)) if name in recorded else []
         reasons += [f"param {line}" for line in detail] or [f"param {name} {status}"]
     return reasons
 
@@ -92,7 +66,7 @@ def _param_reasons(repo: Path, stage: str, file: str, changes: Mapping[str, str]
 def why_stage_runs(repo: Path, stage: str) -> list[str]:
     """Why DVC will run `stage` now, from its own status; [] when it will skip it."""
     reasons: list[str] = []
-    for entry in dvc_status(repo, stage):
+    for entry in dvc_stage_status(repo, stage):
         if isinstance(entry, str):
             reasons.append(STAGE_WORDS.get(entry, entry))
             continue
@@ -146,7 +120,7 @@ def comparison_markdown(
         lines.append(f"| {name} | {_value(value)} | {_value(then.get(name))} | {_delta(value, then.get(name))} | "
                      f"{_value(base.get(name))} | {_delta(value, base.get(name))} |")  # fmt: skip
     if previous is not None:
-        changed = changed_leaves(leaves(previous.get("params") or {}, ""), leaves(current.get("params") or {}, ""))
+        changed = changed_leaves(flatten(previous.get("params") or {}, ""), flatten(current.get("params") or {}, ""))
         lines += ["", f"**Params changed since the previous run:** {len(changed) or 'none'}", ""]
         lines += [f"- `{line}`" for line in changed[:MAX_PARAM_LINES]]
         old_data, new_data = previous.get("data_manifest_sha256"), current.get("data_manifest_sha256")

@@ -1,6 +1,6 @@
 """One stage of dvc.yaml as a Prefect task: `dvc repro --single-item <stage>`, streamed into the log.
 
-train-flow submits one per stage; the run-stage flow (flows/placement.py) runs the same task on the
+train-flow submits one per stage; the run-stage flow (flows/placement/receive.py) runs the same task on the
 machine a stage is placed on. DVC decides whether the stage runs and records it in dvc.lock.
 """
 

@@ -30,10 +30,11 @@ from flows.dag import load_stages
 from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
 from flows.placement import StageCrashed, check_dvc_remote, check_git_remote, check_placement, placed_stage
-from flows.shell import output, stage_env, stream
+from flows.shell import stage_env, stream
 from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, Params, load_params
+from tasks.core.private_api import dvc_remotes
 
 __all__ = ["StageFailed", "run_stage", "stage_env", "train_flow"]
 
@@ -43,7 +44,7 @@ def push_outputs(repo_dir: str, remote: str | None = None) -> str:
     """`dvc push` to the named or default remote; with no remote configured, say so and push nothing."""
     logger = get_run_logger()
     repo = Path(repo_dir)
-    if not output(dvc_command("remote", "list"), cwd=repo):
+    if not dvc_remotes(repo)[0]:
         logger.warning(
             "no DVC remote configured: this run's outputs stay only in %s/.dvc/cache "
             "(add one with `dvc remote add -d storage s3://bucket/path` or an ssh:// URL to keep them)",
@@ -108,7 +109,7 @@ def train_flow(
     Operational knobs only (hyperparameters live in params.yaml): `train_retries` reruns a failed
     train stage, which resumes from its checkpoint; `push`/`remote` choose where `dvc push` sends
     the outputs at the end (and where a placed stage's inputs and outputs travel); `placement` maps a
-    stage to the work pool that runs it (flows/placement.py), through `git_remote`. Returns each
+    stage to the work pool that runs it (flows/placement/), through `git_remote`. Returns each
     stage's outcome; Crashed when a placed stage's machine died.
 
     It runs in the checkout its deployment names (the working directory): no parameter points it at

@@ -18,6 +18,10 @@ from typing import Any
 import onnx
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
+
+from tasks.core.nested import flatten  # noqa: E402
+
 REPORTS = [
     *(f"reports/{name}.json" for name in ("metrics", "confusion", "train_history", "train_run", "export")),
     *(f"reports/{name}.json" for name in ("regression", "gate")),
@@ -33,11 +37,10 @@ def files(root: Path) -> list[Path]:
     return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
 
 
-def diff(x: Any, y: Any, path: str = "") -> list[str]:
-    if isinstance(x, dict) and isinstance(y, dict):
-        return [line for k in sorted(set(x) | set(y)) for line in diff(x.get(k, "<absent>"), y.get(k, "<absent>"),
-                                                                       f"{path}.{k}")]  # fmt: skip
-    return [] if x == y else [f"{path}: {str(x)[:70]} -> {str(y)[:70]}"]
+def diff(x: Any, y: Any) -> list[str]:
+    a, b = flatten(x), flatten(y)
+    return [f"{key}: {str(a.get(key, '<absent>'))[:70]} -> {str(b.get(key, '<absent>'))[:70]}"
+            for key in sorted(set(a) | set(b)) if a.get(key, "<absent>") != b.get(key, "<absent>")]  # fmt: skip
 
 
 def main(a: Path, b: Path) -> None:

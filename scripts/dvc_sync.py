@@ -13,6 +13,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
+
+from tasks.core.private_api import dvc_remotes  # noqa: E402
 
 
 def dvc(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
@@ -20,13 +25,11 @@ def dvc(*args: str, capture: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def default_remote() -> tuple[str, str] | None:
-    listed = dvc("remote", "list").stdout.split()
-    names, urls = listed[0::2], listed[1::2]
-    chosen = dvc("remote", "default").stdout.strip()
-    pairs = dict(zip(names, urls, strict=False))
-    if chosen in pairs:
-        return chosen, pairs[chosen]
-    return (names[0], urls[0]) if len(names) == 1 else None
+    """The remote `dvc push` uses: the default one, or the only one (DVC's config, read through its API)."""
+    remotes, chosen = dvc_remotes(Path.cwd())
+    if chosen in remotes:
+        return chosen, remotes[chosen]
+    return next(iter(remotes.items())) if len(remotes) == 1 else None
 
 
 def explain(command: str, output: str, remote: tuple[str, str]) -> str:

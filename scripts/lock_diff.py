@@ -24,6 +24,10 @@ from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
+
+from tasks.core.nested import flatten  # noqa: E402
+
 ENVIRONMENT = "environment"  # the stage that writes each stage's environment record
 METRICS = "reports/metrics.json"
 # The test metrics another environment (bf16 instead of fp32, another torch) may move, in absolute terms.
@@ -95,21 +99,17 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        return {k: v for key, value in tree.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
-    if isinstance(tree, list):
-        return {prefix[:-1]: ", ".join(map(str, tree))}
-    return {prefix[:-1]: tree}
-
-
 def environment_changes(stage: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
     """`train: precision bf16 here, fp32 in the committed run`, one line per differing field."""
     if old is None or new is None:
         return [f"{stage}: {'the committed run' if old is None else 'this checkout'} has no environment record"]
-    a, b = _flat(old), _flat(new)
-    return [f"{stage}: {key} {b.get(key, '(none)')} here, {a.get(key, '(none)')} in the committed run"
+    a, b = flatten(old), flatten(new)
+    return [f"{stage}: {key} {_shown(b.get(key, '(none)'))} here, {_shown(a.get(key, '(none)'))} in the committed run"
             for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def metric_deltas(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], bool]:

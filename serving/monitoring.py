@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from tasks.core.io import atomic_file
 from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
 
 log = logging.getLogger("serving")
@@ -97,7 +97,6 @@ class ReviewFolder:
         # Time belongs in the sidecar: the review folder is intake, not a versioned artifact.
         payload = {**record, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         for path, content in ((sidecar, json.dumps(payload, indent=2).encode()), (target, data)):
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-            tmp.write_bytes(content)
-            os.replace(tmp, path)  # the image last: an image in the folder always has its sidecar
+            with atomic_file(path, durable=False) as handle:  # the image last: an image always has its sidecar
+                handle.write(content)
         return None

@@ -58,10 +58,11 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
     except RuntimeError as exc:  # train.device cuda on a machine without one: the train stage says so
         device, train = None, {"device": f"unavailable: {exc}"}
     if device is not None:
+        precision = resolve_precision(t.precision, device, t.memory_format)
         train = {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "precision": resolve_precision(t.precision, device).name,
-            "memory_format": "contiguous",
+            "precision": precision.name,
+            "memory_format": precision.memory_format,
             "threads": cpu_threads(t.threads, t.nproc_per_node),
             "processes_per_node": t.nproc_per_node,
             "nodes": t.nnodes,

@@ -53,7 +53,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]
 def test_a_worse_model_fails_at_check_regression_until_the_param_is_restored(repo: tuple[Path, dict]) -> None:
     repo_dir, good = repo
     assert not read(repo_dir, "regression.json")["has_baseline"]
-    promoted = sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+    promoted = sh([sys.executable, "-m", "tasks.tools.promote"], cwd=repo_dir)
     assert "tracked by DVC" in promoted.stdout
     for name in ("metrics.json", "model.json", "model.onnx"):
         assert (repo_dir / "baseline" / f"{name}.dvc").is_file()
@@ -86,7 +86,7 @@ def test_an_experiment_on_other_data_keeps_its_metrics_and_its_verdict(repo: tup
     is recovered with `git checkout params.yaml && dvc repro` (the run cache restores the outputs)."""
     repo_dir, good = repo
     if not (repo_dir / "baseline/metrics.json").is_file():
-        sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+        sh([sys.executable, "-m", "tasks.tools.promote"], cwd=repo_dir)
     other = make_imagefolder(repo_dir.parent / "other-images", classes=4, per_class=25, seed=5)
     commit(repo_dir, "promoted")
     proc = dvc("exp", "run", "-n", "other-data", "-S", f"data.source={other}", cwd=repo_dir, check=False)
@@ -125,7 +125,7 @@ def test_a_changed_byte_in_the_onnx_file_is_caught_before_use(repo: tuple[Path, 
         proc = dvc("repro", "--single-item", "check_regression", cwd=repo_dir, check=False)
         assert proc.returncode != 0
         assert "models/model.onnx: sha256" in proc.stderr and "does not match the recorded" in proc.stderr
-        promoted = sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir, check=False)
+        promoted = sh([sys.executable, "-m", "tasks.tools.promote"], cwd=repo_dir, check=False)
         assert promoted.returncode == 2 and "does not match the recorded" in promoted.stderr
     finally:
         path.write_bytes(original)
@@ -140,7 +140,7 @@ def test_a_regression_an_experiment_recorded_fails_every_production_run(
 
     repo_dir, good = repo
     if not (repo_dir / "baseline/metrics.json").is_file():
-        sh([sys.executable, "-m", "tasks.promote"], cwd=repo_dir)
+        sh([sys.executable, "-m", "tasks.tools.promote"], cwd=repo_dir)
     commit(repo_dir, "promoted a good model")
     experiment = dvc("exp", "run", "-S", "train.lr=0.00001", cwd=repo_dir, check=False)
     assert experiment.returncode == 0, (experiment.stdout + experiment.stderr)[-3000:]

@@ -12,7 +12,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,8 @@ def remove_stale_temps(final: Path) -> list[Path]:
     for path in final.parent.iterdir() if final.parent.is_dir() else ():
         if not path.name.startswith(prefix):
             continue
-        kind, _, pid = path.name[len(prefix) :].partition("-")
+        kind, _, owner = path.name[len(prefix) :].partition("-")
+        pid = owner.split("-")[0]  # <pid> or <pid>-<thread>
         if kind in ("tmp", "old") and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
@@ -97,22 +99,33 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_file(final: Path, mode: str = "wb") -> Iterator[Any]:
-    """Open a temporary file beside `final`; on success fsync it and rename it over `final`."""
+def atomic_file(
+    final: Path, mode: str = "wb", *, durable: bool = True, before_commit: Callable[[Path], None] | None = None
+) -> Iterator[Any]:
+    """Open a temporary file beside `final`; on success fsync it and rename it over `final`: the one way
+    this project writes a file that must never be seen half-written (outputs, checkpoints, served intake).
+
+    `durable=False` skips the fsyncs (a review folder's intake: atomic, not crash-durable);
+    `before_commit(tmp)` runs between the write and the rename (the fault tests kill a save there).
+    The temporary name carries the pid and thread, so concurrent writers of one path never collide."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
         with open(tmp, mode) as handle:
             yield handle
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
+        if before_commit is not None:
+            before_commit(tmp)
         os.replace(tmp, final)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(final.parent)
+    if durable:
+        fsync_dir(final.parent)
 
 
 def dumps_json(obj: Any) -> str:

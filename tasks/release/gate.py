@@ -4,7 +4,7 @@
 
 commit-run keeps a run as the project's record: it refuses a verdict other than pass or no baseline,
 a verdict that `dvc exp run` recorded without enforcing it (run `make run` first: the gate then runs
-enforced), and a model trained with test hooks. promote (tasks/promote.py) refuses a regression and a
+enforced), and a model trained with test hooks. promote (tasks/tools/promote.py) refuses a regression and a
 model trained with test hooks; a baseline of another test set is what promote is for.
 `ALLOW_REGRESSION=1` (make commit-run ALLOW_REGRESSION=1, make promote ALLOW_REGRESSION=1) accepts a
 recorded regression explicitly; nothing accepts test hooks.

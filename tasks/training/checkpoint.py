@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from tasks.core.errors import StageError
-from tasks.core.io import fsync_dir, sha256_file
+from tasks.core.io import atomic_file, fsync_dir, sha256_file
 from tasks.core.params import TrainParams
 from tasks.training.hooks import Hooks
 
@@ -209,13 +209,11 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.remove_partial_writes()
         self.saves += 1
-        tmp = self.directory / f".{LAST}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as handle:
+        saves = self.saves
+        with atomic_file(
+            self.last, before_commit=lambda tmp: self.hooks.before_checkpoint_commit(tmp, saves)
+        ) as handle:
             torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        self.hooks.before_checkpoint_commit(tmp, self.saves)
-        os.replace(tmp, self.last)
         if is_best:
             tmp_best = self.directory / f".{BEST}.tmp-{os.getpid()}"
             try:

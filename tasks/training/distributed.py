@@ -11,15 +11,19 @@ starts by hand sets RANK/WORLD_SIZE, so nothing relaunches.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -186,3 +190,55 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def wrap(
+    module: torch.nn.Module, world: World, device: torch.device, *, compile: bool = False
+) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None]:
+    """What the step calls for `module` (already on `device`): DDP around it on several processes, and
+    torch.compile if asked; the DDP wrapper too, for its no_sync(). Checkpoints hold `module`'s own keys."""
+    ddp = None
+    if world.is_distributed:
+        ddp = torch.nn.parallel.DistributedDataParallel(module, device_ids=[device] if device.type == "cuda" else None)
+    wrapped: torch.nn.Module = ddp if ddp is not None else module
+    return (torch.compile(wrapped) if compile else wrapped), ddp
+
+
+def lost_peer(exc: RuntimeError) -> bool:
+    """A collective that failed because another rank's process is gone, not a bug in this one (gloo says
+    "Connection reset by peer" as a RuntimeError, nccl raises a DistError)."""
+    return isinstance(exc, dist.DistError) or "/gloo/transport/" in str(exc)
+
+
+def lost_peer_message(exc: RuntimeError, checkpoints: Path) -> str:
+    said = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    rerun = "on the head `dvc repro train`, on the others `make train-join`" if nodes() > 1 else "`dvc repro train`"
+    return (f"lost contact with another rank ({said}); the job stops on every rank. Rerun it ({rerun}): it resumes "
+            f"from the last checkpoint every rank reached, in {checkpoints}")  # fmt: skip
+
+
+def relaunch(module: str, *, nproc_per_node: int, nnodes: int, endpoint: str, timeout_s: int, join: bool) -> bool:
+    """In the user's own process, when more than one process is asked for: rerun `module` under torchrun
+    (this node's part of the job) and return True once it has finished; False when this process should train.
+
+    Raises RelaunchError for --join where there is nothing to join, and when torchrun fails."""
+    if join and nnodes == 1:
+        raise RelaunchError("--join: train.nnodes is 1 in params.yaml, so there is no multi-node job to join")
+    if not needs_launch(nproc_per_node, nnodes):
+        if join:
+            raise RelaunchError("--join is for the node's own launcher, not for a process torchrun started")
+        return False
+    if nnodes > 1:
+        log.info("%s node of %d, %d process(es) each, rendezvous at %s (waiting up to %d s for the others)",
+                 "joining as another" if join else "head", nnodes, nproc_per_node, endpoint, timeout_s)  # fmt: skip
+    command = torchrun_command(nproc_per_node, module, nnodes=nnodes, head=not join, endpoint=endpoint,
+                               timeout_s=timeout_s)  # fmt: skip
+    status = launch(command, head=not join, timeout_s=timeout_s)
+    if status:
+        where = "" if nnodes == 1 else f" on the {'joining' if join else 'head'} node"
+        raise RelaunchError(f"torchrun exited with status {status}{where}; the ranks' messages are above")
+    return True
+
+
+class RelaunchError(RuntimeError):
+    """The launch could not start or its ranks failed: the message says which, for the user."""

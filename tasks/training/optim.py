@@ -41,21 +41,34 @@ def set_train_mode(model: torch.nn.Module, *, frozen_backbone: bool) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, params: TrainParams) -> torch.optim.Optimizer:
-    """Two groups, named for the logs: backbone at lr x backbone_lr_scale (absent when frozen), head at lr."""
+    """Groups named for the logs: backbone at lr x backbone_lr_scale (absent when frozen), head at lr.
+
+    Weight decay reaches only conv and linear weights unless train.decay_norm_and_bias: BatchNorm's scale
+    and shift and every bias (any parameter of one dimension, as timm's param_groups_weight_decay decides)
+    go into a `<group>_no_decay` group of the same lr. Decaying them shrinks what normalisation undoes."""
     head = head_name(model)
-    backbone_params, head_params = [], []
+    groups: dict[str, list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (head_params if is_head(name, head) else backbone_params).append(p)
-    groups: list[dict[str, Any]] = []
-    if backbone_params:
-        groups.append({"params": backbone_params, "lr": params.lr * params.backbone_lr_scale, "name": "backbone"})
-    groups.append({"params": head_params, "lr": params.lr, "name": "head"})
+            group = "head" if is_head(name, head) else "backbone"
+            if not params.decay_norm_and_bias and p.ndim <= 1:
+                group += "_no_decay"
+            groups.setdefault(group, []).append(p)
+    lrs = {"backbone": params.lr * params.backbone_lr_scale, "head": params.lr}
+    order = ("backbone", "backbone_no_decay", "head", "head_no_decay")
+    param_groups: list[dict[str, Any]] = [
+        {"params": groups[name], "lr": lrs[name.removesuffix("_no_decay")], "name": name,
+         **({"weight_decay": 0.0} if name.endswith("_no_decay") else {})}
+        for name in order if groups.get(name)
+    ]  # fmt: skip
+    if not any(group["name"].startswith("head") for group in param_groups):
+        param_groups.append({"params": [], "lr": params.lr, "name": "head"})
     if params.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=params.lr, weight_decay=params.weight_decay)
+        return torch.optim.AdamW(param_groups, lr=params.lr, weight_decay=params.weight_decay)
     return torch.optim.SGD(
-        groups, lr=params.lr, momentum=params.momentum, nesterov=params.momentum > 0, weight_decay=params.weight_decay
-    )
+        param_groups, lr=params.lr, momentum=params.momentum, nesterov=params.momentum > 0,
+        weight_decay=params.weight_decay,
+    )  # fmt: skip
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:

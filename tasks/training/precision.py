@@ -1,4 +1,5 @@
-"""Precision as a value: (train.precision, device) -> autocast context + GradScaler (fp16 only) or None.
+"""Precision as a value: (train.precision, train.memory_format, device) -> autocast context + GradScaler
+(fp16 only) or None, and the memory format that the model and its input batches take.
 
 auto means bf16 wherever it is native (CPUs with AVX-512 bf16 or AMX, Ampere+ GPUs), fp16 + GradScaler
 on older GPUs, and fp32 on CPUs without native bf16: there bf16 is emulated, and a resnet18 step at
@@ -8,6 +9,12 @@ on older GPUs, and fp32 on CPUs without native bf16: there bf16 is emulated, and
 IMAGEPIPE_NATIVE_BF16=1 (or 0) overrides the CPU detection: a test forces another environment with it,
 and a fleet of mixed CPUs can pin one. What auto resolved to is the train stage's environment record
 (reports/environment/train.json), so the override is part of DVC's key like the CPU itself.
+
+Memory format auto is channels_last where reduced precision runs natively (bf16 on a CPU that has it,
+fp16/bf16 on a GPU), contiguous otherwise. On a CPU with AVX-512 bf16, bench/bench_train.py measured
+the bare bf16 step at 1.21x with channels_last (359.5 vs 298 img/s); on an AVX2 CPU in fp32 channels_last
+did not pay (docs/benchmarks.md). The weights saved and exported are contiguous either way, and a
+checkpoint of either format loads under the other.
 """
 
 from __future__ import annotations
@@ -15,14 +22,18 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from tasks.core.private_api import cpu_native_bf16
 
 
 @dataclass(frozen=True)
 class Precision:
     name: str  # resolved: fp32 | bf16 | fp16
     device_type: str  # cpu | cuda
+    memory_format: str = "contiguous"  # resolved: contiguous | channels_last
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -32,6 +43,18 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
+
+    @property
+    def channels_last(self) -> bool:
+        return self.memory_format == "channels_last"
+
+    def place(self, tensor_or_module: Any) -> Any:
+        """A model or an (N, C, H, W) batch in this run's memory format (no copy when contiguous)."""
+        if not self.channels_last:
+            return tensor_or_module
+        if isinstance(tensor_or_module, torch.nn.Module):
+            return tensor_or_module.to(memory_format=torch.channels_last)
+        return tensor_or_module.contiguous(memory_format=torch.channels_last)
 
     def make_scaler(self) -> torch.amp.GradScaler | None:
         """fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none."""
@@ -45,13 +68,21 @@ def cpu_has_native_bf16() -> bool:
     forced = os.environ.get(NATIVE_BF16_ENV)
     if forced in ("0", "1"):
         return forced == "1"
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return cpu_native_bf16()
 
 
-def resolve_precision(requested: str, device: torch.device) -> Precision:
+def resolve_precision(requested: str, device: torch.device, memory_format: str = "contiguous") -> Precision:
     if requested == "auto":
         if device.type == "cuda":
             requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         else:
             requested = "bf16" if cpu_has_native_bf16() else "fp32"
-    return Precision(requested, device.type)
+    return Precision(requested, device.type, resolve_memory_format(memory_format, requested, device))
+
+
+def resolve_memory_format(requested: str, precision: str, device: torch.device) -> str:
+    """auto: channels_last where the resolved precision runs natively in reduced precision, else contiguous."""
+    if requested != "auto":
+        return requested
+    native = device.type == "cuda" or (precision == "bf16" and cpu_has_native_bf16())
+    return "channels_last" if native and precision in ("bf16", "fp16") else "contiguous"

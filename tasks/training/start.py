@@ -1,49 +1,126 @@
-"""What the train stage starts from, for the tools that look at it (make inspect, make lr-find): its
-seeded, augmented training split, its resolved recipe, its loader's generator and its model before
-step 1, built as tasks/train.py builds them (without DDP, devices or checkpoints).
+"""The starting point of a training run, built once for everyone who needs it: the train stage, and
+the tools that look at what it starts from (make sanity, make lr-find, make inspect).
+
+`training_start` gives the seeded, augmented train split, the resolved recipe (every `auto` replaced),
+and the spec; from it come the loader and its generator, the model before step 1 (architecture,
+pretrained or init_from weights, a frozen backbone), and the optimizer with its lr schedule. The train
+stage adds what only it needs (devices, DDP, checkpoints); the tools take the same pieces, so what they
+show is what training starts from.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
+from tasks.core.errors import StageError
 from tasks.core.params import Params, TrainParams, derive_seed
 from tasks.images.imaging import PreprocessSpec
-from tasks.images.shards import load_manifest
+from tasks.images.shards import ShardSplit, load_manifest
 from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
+from tasks.training.distributed import World
+from tasks.training.loader import StepSampler, make_loader
 from tasks.training.models import build_model
-from tasks.training.optim import freeze_backbone
+from tasks.training.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.training.pretrained import start_weights
-from tasks.training.recipe import resolve
+from tasks.training.recipe import Recipe, resolve
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Built:
+    """A model as training starts it: unwrapped, on the CPU, before step 1."""
+
+    module: torch.nn.Module
+    transfer: dict[str, Any] | None  # the weights it started from (pretrained or init_from), None: random
+    frozen: list[str]  # parameters a frozen backbone holds still
+
+
+@dataclass(frozen=True)
+class Data:
+    """This rank's training loader (seeded sample order, its part of each global batch) and the val split."""
+
+    sampler: StepSampler
+    loader: torch.utils.data.DataLoader
+    generator: torch.Generator
+    val_images: np.ndarray
+    val_labels: np.ndarray
 
 
 @dataclass(frozen=True)
 class Start:
-    seed: int  # the train stage's seed (derived from params.seed)
+    seed: int  # the run's seed (derived from params.seed for the train stage, or for a tool)
     spec: PreprocessSpec
-    dataset: ShardDataset  # the train split, augmented as training augments it
-    recipe: TrainParams  # every `auto` resolved
+    dataset: ShardDataset  # the train split, augmented as training augments it (or not at all)
+    recipe: Recipe  # every `auto` resolved: recipe.params
+    shard_dir: Path
     pretrained_dir: Path  # paths.pretrained
+
+    @property
+    def params(self) -> TrainParams:
+        return self.recipe.params
 
     def loader_generator(self) -> torch.Generator:
         """A generator in the state the train stage's loader starts from (epoch 1, step 1)."""
         return torch.Generator().manual_seed(derive_seed(self.seed, "loader"))
 
-    def fresh_model(self) -> torch.nn.Module:
-        """The model as training starts it: train.arch, pretrained or init_from weights, a frozen backbone if asked."""
-        model = build_model(self.recipe.arch, len(self.spec.class_names))
-        start_weights(model, self.recipe, self.spec, self.pretrained_dir)
-        if self.recipe.freeze_backbone:
-            freeze_backbone(model)
-        return model
+    def loader(
+        self, world: World, *, batch_size: int | None = None, num_workers: int = 0, pin_memory: bool = False
+    ) -> tuple[StepSampler, torch.utils.data.DataLoader, torch.Generator]:
+        """The train split's loader at the recipe's global batch (or `batch_size`), this rank's part."""
+        generator = self.loader_generator()
+        try:
+            sampler = StepSampler(len(self.dataset), batch_size or self.params.batch_size, world, generator)
+        except ValueError as exc:
+            raise StageError(f"{self.shard_dir}: {exc}; lower train.batch_size") from None
+        loader = make_loader(self.dataset, sampler, num_workers=num_workers, pin_memory=pin_memory,
+                             generator=generator)  # fmt: skip
+        return sampler, loader, generator
+
+    def data(self, world: World, *, pin_memory: bool = False) -> Data:
+        """What the train stage's loop reads: the loader with the recipe's workers, and the val split."""
+        val = ShardSplit.open(self.shard_dir, "val")
+        val_images = val.all_images()
+        sampler, loader, generator = self.loader(world, num_workers=self.params.num_workers, pin_memory=pin_memory)
+        return Data(sampler, loader, generator, val_images, val.labels)
+
+    def model(self, params: TrainParams | None = None) -> Built:
+        """train.arch with the weights it starts from (pretrained or init_from) and a frozen backbone if asked."""
+        params = params or self.params
+        module = build_model(params.arch, len(self.spec.class_names))
+        transfer = start_weights(module, params, self.spec, self.pretrained_dir)
+        frozen = freeze_backbone(module) if params.freeze_backbone else []
+        if frozen and transfer is None:
+            log.warning("freeze_backbone without pretrained or init_from: only the head of a random backbone trains")
+        return Built(module, transfer, frozen)
+
+    def optimizer(self, module: torch.nn.Module, params: TrainParams | None = None,
+                  steps_per_epoch: int = 1) -> tuple[torch.optim.Optimizer, Schedule]:  # fmt: skip
+        """The recipe's optimizer over `module`'s trainable parameters, and its lr schedule."""
+        params = params or self.params
+        optimizer = build_optimizer(module, params)
+        return optimizer, Schedule(optimizer, params, steps_per_epoch)
 
 
-def training_start(p: Params) -> Start:
-    seed = derive_seed(p.seed, "train")
-    spec = PreprocessSpec.model_validate(load_manifest(p.paths.shards)["spec"])
-    dataset = ShardDataset(p.paths.shards, "train", augment=Augment(p.train.augment), seed=seed)
-    return Start(seed, spec, dataset, resolve(p.train, len(dataset)).params, p.paths.pretrained)
+def training_start(
+    train: TrainParams, *, seed: int, shard_dir: Path, pretrained_dir: Path, world_size: int = 1,
+    stream: str = "train", augment: bool = True,
+) -> Start:  # fmt: skip
+    """The starting point: `seed` is params.seed; `stream` names what the seed is derived for."""
+    seed = derive_seed(seed, stream)
+    spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
+    dataset = ShardDataset(shard_dir, "train", augment=Augment(train.augment) if augment else None, seed=seed)
+    return Start(seed, spec, dataset, resolve(train, len(dataset), world_size), shard_dir, pretrained_dir)
+
+
+def start_of(p: Params, *, stream: str = "train", augment: bool = True) -> Start:
+    """The starting point of params.yaml's train stage, for the tools."""
+    return training_start(p.train, seed=p.seed, shard_dir=p.paths.shards, pretrained_dir=p.paths.pretrained,
+                          stream=stream, augment=augment)  # fmt: skip

@@ -143,7 +143,7 @@ class StepRunner:
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
                 with self.precision.autocast():
-                    logits = self.model(normalize(x, self.spec))
+                    logits = self.model(self.precision.place(normalize(x, self.spec)))
                     loss = self.criterion(logits.float(), y)
                 weighted = loss if len(chunks) == 1 else loss * (len(x) / len(images))
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()

@@ -21,6 +21,7 @@ WAIT_ADVICE_SHARE = 0.10  # above this share of step time spent waiting for data
 
 class Telemetry:
     def __init__(self, log_dir: Path, *, enabled: bool, histogram_every: int, purge_step: int | None) -> None:
+        self.directory = Path(log_dir)
         self.writer = SummaryWriter(str(log_dir), purge_step=purge_step) if enabled else None
         self.histogram_every = histogram_every
         self.wait = self.compute = 0.0

@@ -7,7 +7,8 @@ from pathlib import Path
 import yaml
 
 from flows.artifacts import flatten
-from flows.explain import changed_leaves, comparison_markdown, leaves, manifest_from_table, why_stage_runs
+from flows.explain import changed_leaves, comparison_markdown, manifest_from_table, why_stage_runs
+from tasks.core import nested
 from tests.helpers.project import dvc, sh
 
 
@@ -59,5 +60,5 @@ def test_comparison_shows_deltas_changed_params_and_data() -> None:
 
 
 def test_leaves_and_changes() -> None:
-    assert leaves({"a": {"b": 1, "c": [1, 2]}}, "") == {"a.b": 1, "a.c": [1, 2]}
+    assert nested.flatten({"a": {"b": 1, "c": [1, 2]}}) == {"a.b": 1, "a.c": [1, 2]}
     assert changed_leaves({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4}) == ["b: 2 -> 3", "c: (none) -> 4"]

@@ -213,7 +213,7 @@ def test_regression_flow_before_any_baseline_says_what_to_do(trained: dict[str, 
 def promoted(trained: dict[str, Any]) -> Path:
     repo = trained["repo"]
     dvc("repro", cwd=repo)  # the gate's record is the current one (an earlier test left a regression verdict)
-    sh(["python", "-m", "tasks.promote"], cwd=repo)
+    sh(["python", "-m", "tasks.tools.promote"], cwd=repo)
     return repo
 
 

@@ -125,7 +125,7 @@ def test_production_run_crash_resume_and_nightly(production: Production, tmp_pat
     assert launched.returncode == 1, launched.stdout + launched.stderr
     assert "regression-flow/nightly: Failed: no baseline yet" in launched.stdout and "make promote" in launched.stdout
     assert "Traceback" not in launched.stdout + launched.stderr
-    sh(["python", "-m", "tasks.promote"], cwd=repo)
+    sh(["python", "-m", "tasks.tools.promote"], cwd=repo)
     proc, nightly = production.run_and_watch("regression-flow/nightly")
     assert proc.returncode == 0 and nightly.state.is_completed(), proc.stdout[-3000:]
     onnx_path, record = repo / "baseline/model.onnx", repo / "baseline/model.json"

@@ -1,4 +1,4 @@
-"""Placement's checks before anything is sent (flows/placement.py), on real git repositories; the whole
+"""Placement's checks before anything is sent (flows/placement/), on real git repositories; the whole
 round trip across two checkouts is tests/flows/test_placement_e2e.py (slow)."""
 
 from __future__ import annotations
@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from flows.dag import load_stages
-from flows.placement import (
-    PlacementError,
-    _check_inputs,
-    _commit_on_remote,
-    changed_files,
-    check_dvc_remote,
-    check_git_remote,
-    check_placement,
-    dvc_files_in_deps,
-    placed_stage,
-    written_by_runs,
-)
+from flows.placement.git import changed_files, check_git_remote, dvc_files_in_deps, written_by_runs
+from flows.placement.protocol import PlacementError, check_dvc_remote, check_placement
+from flows.placement.send import _check_inputs, _commit_on_remote, placed_stage
 from tests.helpers.project import ROOT, commit, dvc, make_project, sh
 
 
@@ -109,14 +100,14 @@ def test_uncommitted_code_or_an_unpushed_commit_is_refused_by_name(pushed: Path)
 def _run_stage(repo: Path, **parameters: object) -> None:
     from prefect.logging import disable_run_logger
 
-    from flows.placement import run_stage_flow
+    from flows.placement.receive import run_stage_flow
 
     with disable_run_logger(), contextlib.chdir(repo):
         run_stage_flow.fn(**{"stage": "train", "files": {}, **parameters})
 
 
 def test_run_stage_refuses_hostile_parameters_and_runs_nothing(pushed: Path, tmp_path: Path) -> None:
-    from flows.placement import run_stage_flow
+    from flows.placement.receive import run_stage_flow
 
     marker = tmp_path / "MARKER"
     head = sh(["git", "rev-parse", "HEAD"], cwd=pushed).stdout.strip()

@@ -15,13 +15,14 @@ import pyarrow as pa
 import pytest
 import torch
 
-from tasks import check_regression, promote
+from tasks import check_regression
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.images.shards import MANIFEST
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.verdict import Verdict
+from tasks.tools import promote
 from tests.helpers.export import PARAMS, export_model
 
 ONNX_ONLY = PARAMS.export.model_copy(

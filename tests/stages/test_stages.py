@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import evaluate, preprocess, review_label_errors, train
+from tasks import evaluate, preprocess, train
 from tasks.core.io import read_json
 from tasks.core.params import Params
+from tasks.tools import review_label_errors
 from tests.helpers.project import TINY
 
 PARAMS = Params.model_validate(TINY | {"train": {**TINY["train"], "epochs": 2}})

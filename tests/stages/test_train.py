@@ -11,9 +11,10 @@ import pytest
 import torch
 from PIL import Image, PngImagePlugin
 
-from tasks import preprocess, sanity, train
+from tasks import preprocess, train
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
+from tasks.tools import sanity
 from tasks.training.checkpoint import CheckpointError
 from tasks.training.models import build_model, load_model_file
 from tasks.training.precision import cpu_has_native_bf16

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import lr_find, train
+from tasks import train
 from tasks.core.io import read_json
 from tasks.core.params import Params
+from tasks.tools import lr_find
 from tasks.training.checkpoint import CheckpointError
 from tasks.training.lr_range import Sweep
 from tasks.training.step import NonFiniteError

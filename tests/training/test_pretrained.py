@@ -12,9 +12,9 @@ import pytest
 import torch
 import torchvision
 
-from tasks import add_weights
 from tasks.core.errors import StageError
 from tasks.core.params import ParamsError, parse_params
+from tasks.tools import add_weights
 from tasks.training.models import build_model
 from tasks.training.pretrained import WeightsError, check_spec, load_pretrained, published
 from tests.helpers.project import commit, dvc, make_project, sh

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import layer_trace
 from tasks.core.io import read_json
 from tasks.core.params import Params
+from tasks.tools import layer_trace
 from tasks.training.models import build_model
 from tasks.training.trace import flagged, table, trace
 from tests.helpers.training import PARAMS, make_shards

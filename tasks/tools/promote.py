@@ -1,4 +1,4 @@
-"""`python -m tasks.promote` (make promote): this run's exported model becomes the regression baseline.
+"""`python -m tasks.tools.promote` (make promote): this run's exported model becomes the regression baseline.
 
 reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX ->
 baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx, each tracked

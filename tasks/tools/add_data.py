@@ -22,6 +22,7 @@ from pathlib import Path
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.params import PARAMS_FILE, Params
+from tasks.core.private_api import set_params
 from tasks.images.validation import class_folders
 
 log = logging.getLogger(__name__)
@@ -50,9 +51,8 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
     if proc.returncode != 0:
         shutil.rmtree(dest, ignore_errors=True)  # nothing half-added stays behind
         raise StageError(f"dvc add {dest} failed, nothing was added:\n{proc.stdout}{proc.stderr}".rstrip())
-    from dvc.utils.hydra import apply_overrides  # DVC's writer of params.yaml (`dvc exp run -S`)
 
-    apply_overrides(str(params_file), [f"data.source={dest}"])
+    set_params(params_file, [f"data.source={dest}"])
     files = sum(1 for p in dest.rglob("*") if p.is_file())
     log.info("%s -> %s: %d files in %d classes %s, tracked by DVC (%s.dvc); params.yaml data.source = %s",
              src, dest, files, len(classes), list(classes), dest, dest)  # fmt: skip
@@ -62,7 +62,7 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
 
 
 def _main(params: Params) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tasks.add_data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tasks.tools.add_data", description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path, help="an ImageFolder: SRC/<class>/<image>")
     parser.add_argument("name", help="the folder name under data/raw/")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""`python -m tasks.summary` (make run): what the pipeline produced and where, from its JSON outputs."""
+"""`python -m tasks.tools.summary` (make run): what the pipeline produced and where, from its JSON outputs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """make review-label-errors: the top of reports/label_errors.json into the review folder (serve.review_dir).
 
-    python -m tasks.review_label_errors           # the 30 likeliest label errors
-    python -m tasks.review_label_errors --top 50
+    python -m tasks.tools.review_label_errors           # the 30 likeliest label errors
+    python -m tasks.tools.review_label_errors --top 50
 
 Each file goes where the server puts a low-confidence upload, so one review workflow takes both in
 (README "Serving", low confidence): `<serve.review_dir>/<suggested class>/<sha256>.<ext>` with a

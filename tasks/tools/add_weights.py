@@ -25,6 +25,7 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file
 from tasks.core.params import ARCHS, PARAMS_FILE, Params
+from tasks.core.private_api import set_params
 from tasks.training.pretrained import Published, is_published, published, weights_file
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,8 @@ def run(
             _dvc("remove", "--outs", str(record))  # the .dvc file, its .gitignore entry and the file
             dest.unlink(missing_ok=True)
             raise
-    from dvc.utils.hydra import apply_overrides  # DVC's writer of params.yaml (`dvc exp run -S`)
 
-    apply_overrides(str(params_file), [f"train.arch={weights.arch}", f"train.pretrained={weights.name}"])
+    set_params(params_file, [f"train.arch={weights.arch}", f"train.pretrained={weights.name}"])
     log.info("%s %s -> %s (sha256 matches %s), tracked by DVC (%s); params.yaml train.arch = %s, train.pretrained = "
              "%s", weights.arch, weights.name, dest, weights.sha256_prefix, record, weights.arch,
              weights.name)  # fmt: skip
@@ -100,7 +100,7 @@ def run(
 
 
 def _main(p: Params) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tasks.add_weights", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tasks.tools.add_weights", description=__doc__.splitlines()[0])
     parser.add_argument("arch", choices=ARCHS, help="train.arch")
     parser.add_argument("--weights", default="DEFAULT", help="torchvision's weights name (IMAGENET1K_V1, DEFAULT)")
     parser.add_argument("--src", type=Path, help="a copy of the weights file you already have")

@@ -1,9 +1,9 @@
 """make inspect: one real training batch through the model with forward and backward hooks on every
 module (tasks/training/trace.py). Prints a table and the flagged layers; writes reports/inspect.json.
 
-    python -m tasks.layer_trace            # the trained model (paths.model), else a fresh one
-    python -m tasks.layer_trace --init     # the model as training starts it (train.arch, train.init_from)
-    python -m tasks.layer_trace --batch 64
+    python -m tasks.tools.layer_trace            # the trained model (paths.model), else a fresh one
+    python -m tasks.tools.layer_trace --init     # the model as training starts it (train.arch, train.init_from)
+    python -m tasks.tools.layer_trace --batch 64
 
 The batch is the first one the train stage draws, augmented as it is (the same as reports/train_batch.png),
 cut to --batch images. Not a DVC stage: a tool people run when a model misbehaves.
@@ -24,7 +24,7 @@ from tasks.core.params import Params, derive_seed
 from tasks.training.batches import first_batch
 from tasks.training.models import load_model_file, normalize
 from tasks.training.runtime import cpu_threads, seed_everything
-from tasks.training.start import Start, training_start
+from tasks.training.start import Start, start_of
 from tasks.training.trace import as_json, flagged, table, trace
 
 log = logging.getLogger(__name__)
@@ -36,14 +36,14 @@ def model_to_trace(p: Params, start: Start, init: bool) -> tuple[torch.nn.Module
         if trained_spec.class_names != start.spec.class_names:
             raise StageError(f"{p.paths.model}: trained on other classes than {p.paths.shards}; rerun dvc repro train")
         return model, str(p.paths.model)
-    recipe = start.recipe
-    return start.fresh_model(), f"a fresh {recipe.arch}" + (f" from {recipe.init_from}" if recipe.init_from else "")
+    recipe = start.params
+    return start.model().module, f"a fresh {recipe.arch}" + (f" from {recipe.init_from}" if recipe.init_from else "")
 
 
 def run(p: Params, *, batch: int, init: bool, report: Path) -> dict[str, list[str]]:
     seed_everything(derive_seed(p.seed, "inspect"), cpu_threads(p.train.threads, 1), torch.device("cpu"))
-    start = training_start(p)
-    images, labels = first_batch(start.dataset, start.recipe.batch_size, start.loader_generator().get_state())
+    start = start_of(p)
+    images, labels = first_batch(start.dataset, start.params.batch_size, start.loader_generator().get_state())
     images, labels = images[:batch], torch.tensor(labels[:batch])  # the train stage's first batch, cut
     model, what = model_to_trace(p, start, init)
     rows = trace(model, normalize(images, start.spec), labels)

@@ -12,22 +12,14 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import write_json
-from tasks.core.params import Params, SanityParams, TrainParams, derive_seed
-from tasks.images.imaging import PreprocessSpec
-from tasks.images.shards import load_manifest
-from tasks.training.dataset import ShardDataset
+from tasks.core.params import Params, Paths, SanityParams, TrainParams
 from tasks.training.distributed import World, resolve_device
-from tasks.training.loader import StepSampler, make_loader
-from tasks.training.models import build_model
-from tasks.training.optim import Schedule, build_optimizer
 from tasks.training.precision import resolve_precision
-from tasks.training.recipe import resolve
 from tasks.training.runtime import cpu_threads, seed_everything
+from tasks.training.start import training_start
 from tasks.training.step import NonFiniteError, StepRunner
 from tasks.training.telemetry import Telemetry
 
@@ -45,28 +37,27 @@ class SanityResult:
     reason: str
 
 
-def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path, report_path: Path) -> SanityResult:
-    seed = derive_seed(seed, "sanity")
+def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path, report_path: Path,
+        pretrained_dir: Path | None = None) -> SanityResult:  # fmt: skip
+    start = training_start(train, seed=seed, shard_dir=shard_dir, pretrained_dir=pretrained_dir or Paths().pretrained,
+                           stream="sanity", augment=False)  # fmt: skip
     device = resolve_device(train.device, World())
-    seed_everything(seed, cpu_threads(train.threads, 1), device)
-    spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
-    dataset = ShardDataset(shard_dir, "train", augment=None, seed=seed)
-    batch = min(sanity.batch_size, len(dataset))
-    generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
-    loader = make_loader(dataset, StepSampler(len(dataset), batch, World(), generator), num_workers=0,
-                         pin_memory=False, generator=generator)  # fmt: skip
+    seed_everything(start.seed, cpu_threads(train.threads, 1), device)
+    batch = min(sanity.batch_size, len(start.dataset))
+    _, loader, _ = start.loader(World(), batch_size=batch)
     images, labels, _ = next(iter(loader))
     # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
-    recipe = resolve(train, len(dataset)).params.model_copy(
+    recipe = start.params.model_copy(
         update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
                 "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip
-    model = build_model(recipe.arch, len(spec.class_names)).to(device)
-    optimizer = build_optimizer(model, recipe)
+    precision = resolve_precision(recipe.precision, device, recipe.memory_format)
+    model = precision.place(start.model(recipe).module.to(device))
+    optimizer, schedule = start.optimizer(model, recipe)
     runner = StepRunner(
-        model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, recipe, 1),
-        precision=resolve_precision(recipe.precision, device), params=recipe, spec=spec, device=device,
-        world=World(), telemetry=Telemetry(Path(), enabled=False, histogram_every=0, purge_step=None),
+        model=model, ddp=None, optimizer=optimizer, schedule=schedule, precision=precision, params=recipe,
+        spec=start.spec, device=device, world=World(),
+        telemetry=Telemetry(Path(), enabled=False, histogram_every=0, purge_step=None),
     )  # fmt: skip
     model.train()
     losses, reached = [], None
@@ -92,7 +83,14 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
 
 
 def _main(p: Params) -> None:
-    result = run(p.train, p.sanity, seed=p.seed, shard_dir=p.paths.shards, report_path=p.paths.sanity_report)
+    result = run(
+        p.train,
+        p.sanity,
+        seed=p.seed,
+        shard_dir=p.paths.shards,
+        report_path=p.paths.sanity_report,
+        pretrained_dir=p.paths.pretrained,
+    )
     if not result.passed:
         raise StageError(
             f"one batch of {result.batch_size} was not memorised: loss {result.first_loss:.4f} -> "

@@ -1,7 +1,7 @@
 """make lr-find: the learning-rate range test on the real loader and model (tasks/training/lr_range.py).
 
-    python -m tasks.lr_find                          # 1e-5 .. 10 over one epoch (at least 100 steps)
-    python -m tasks.lr_find --min-lr 1e-4 --max-lr 1 --steps 200
+    python -m tasks.tools.lr_find                          # 1e-5 .. 10 over one epoch (at least 100 steps)
+    python -m tasks.tools.lr_find --min-lr 1e-4 --max-lr 1 --steps 200
 
 Starts from the model and optimizer the train stage would build (train.arch, init_from, freeze_backbone,
 optimizer, momentum, weight decay, backbone_lr_scale, label_smoothing) and draws batches from its seeded,
@@ -25,21 +25,18 @@ from tasks.core.io import write_json
 from tasks.core.params import Params, derive_seed
 from tasks.core.plots import plot_lr_find
 from tasks.training.distributed import World
-from tasks.training.loader import StepSampler, make_loader
 from tasks.training.lr_range import RULE, Sweep, sweep
-from tasks.training.optim import build_optimizer
 from tasks.training.recipe import steps_in_epoch
 from tasks.training.runtime import cpu_threads, seed_everything
-from tasks.training.start import Start, training_start
+from tasks.training.start import Start, start_of
 
 log = logging.getLogger(__name__)
 
 
 def batches(start: Start) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The train stage's loader, epoch after epoch, for as long as the sweep asks."""
-    dataset, generator = start.dataset, start.loader_generator()
-    sampler = StepSampler(len(dataset), start.recipe.batch_size, World(), generator)
-    loader = make_loader(dataset, sampler, num_workers=0, pin_memory=False, generator=generator)
+    dataset = start.dataset
+    _, loader, _ = start.loader(World())
     epoch = 0
     while True:
         dataset.set_epoch(epoch)
@@ -50,11 +47,11 @@ def batches(start: Start) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
 def run(p: Params, *, min_lr: float, max_lr: float, steps: int, json_path: Path, png_path: Path) -> Sweep:
     seed_everything(derive_seed(p.seed, "train"), cpu_threads(p.train.threads, 1), torch.device("cpu"))
-    start = training_start(p)
-    recipe = start.recipe
+    start = start_of(p)
+    recipe = start.params
     steps = steps or max(100, steps_in_epoch(len(start.dataset), recipe.batch_size))
-    model = start.fresh_model()
-    optimizer = build_optimizer(model, recipe.model_copy(update={"lr": 1.0}))
+    model = start.model().module
+    optimizer, _ = start.optimizer(model, recipe.model_copy(update={"lr": 1.0}))
     result = sweep(model, optimizer, batches(start), start.spec, min_lr=min_lr, max_lr=max_lr, steps=steps,
                    label_smoothing=recipe.label_smoothing)  # fmt: skip
     suggestion = float(f"{result.suggestion:.2g}") if result.suggestion is not None else None

@@ -1,0 +1,83 @@
+"""The one place that touches DVC's and torch's private APIs: each has a named wrapper here, and
+tests/core/test_private_api.py fails when a pinned version (constraints.txt) changes its behaviour.
+
+- `dvc_repo(path)`: DVC's Repo with `_wait_for_lock=True` (what `dvc --wait-for-lock` does), so a
+  read of the status or a write of dvc.lock waits for a running `dvc repro` instead of failing;
+- `edit_yaml(path)`: `dvc.utils.serialize.modify_yaml`, DVC's round-trip YAML editor (comments and
+  key order kept), as its Lockfile.dump writes dvc.lock;
+- `set_params(file, overrides)`: `dvc.utils.hydra.apply_overrides`, the writer behind `dvc exp run -S`;
+- `cpu_native_bf16()`: `torch.cpu._is_avx512_bf16_supported` / `_is_amx_tile_supported`, the only
+  way torch tells whether this CPU has bf16 arithmetic.
+
+The imports are inside the functions: a module that needs one wrapper loads neither torch nor DVC
+for the others (tasks/core imports nothing heavy at import time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dvc.repo import Repo
+
+
+@contextlib.contextmanager
+def dvc_repo(path: Path) -> Iterator[Repo]:
+    """DVC's Repo for `path`, whose locked operations (status, writing dvc.lock) wait for the lock."""
+    from dvc.repo import Repo
+
+    with Repo(str(path), _wait_for_lock=True) as repo:
+        yield repo
+
+
+@contextlib.contextmanager
+def dvc_locked(path: Path) -> Iterator[None]:
+    """Hold DVC's repository lock, which `dvc repro` holds while it writes dvc.lock (not while a stage runs)."""
+    with dvc_repo(path) as repo, repo.lock:
+        yield
+
+
+@contextlib.contextmanager
+def edit_yaml(path: Path) -> Iterator[Any]:
+    """The YAML document at `path` as a mutable mapping, written back on exit with its comments and key order."""
+    from dvc.utils.serialize import modify_yaml
+
+    with modify_yaml(str(path)) as document:
+        yield document
+
+
+def set_params(params_file: Path, overrides: Sequence[str]) -> None:
+    """`key=value` overrides written into params.yaml as `dvc exp run -S` writes them (other bytes kept)."""
+    from dvc.utils.hydra import apply_overrides
+
+    apply_overrides(str(params_file), list(overrides))
+
+
+def cpu_native_bf16() -> bool:
+    """Does this CPU do bf16 arithmetic natively (AVX-512 BF16 or AMX), rather than emulating it?"""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+# DVC's public Python API, kept beside the private pieces so that every in-process use of DVC is here.
+
+
+def dvc_remotes(path: Path) -> tuple[dict[str, str], str | None]:
+    """The repository's configured DVC remotes (name -> url) and the default one's name (None: none set)."""
+    from dvc.repo import Repo
+
+    with Repo(str(path)) as repo:
+        config = repo.config
+        remotes = {name: str(section.get("url", "")) for name, section in config.get("remote", {}).items()}
+        return remotes, config.get("core", {}).get("remote")
+
+
+def dvc_stage_status(path: Path, stage: str) -> list[Any]:
+    """`dvc status <stage>`'s entries for one stage (its upstream stages not included), as `--json` prints
+    them; waits while another DVC process holds the repository lock (evaluate and export side by side)."""
+    with dvc_repo(path) as repo:
+        return repo.status(targets=[stage]).get(stage, [])

@@ -1,0 +1,117 @@
+"""The train stage's outputs once the loop is done: model.pt (weights + spec + provenance), the
+per-epoch history and its plot, and reports/train_run.json, the record of what the run did.
+
+The record is deterministic (no wall-clock, no host): the same run gives the same bytes, so DVC and
+`make check-reproduced` can compare it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tasks.core.io import write_json
+from tasks.core.params import Paths, TrainParams
+from tasks.core.plots import plot_history
+from tasks.images.imaging import PreprocessSpec
+from tasks.training.checkpoint import RunIdentity
+from tasks.training.distributed import World
+from tasks.training.loader import StepSampler
+from tasks.training.loop import Progress
+from tasks.training.models import save_model_file
+from tasks.training.precision import Precision
+from tasks.training.recipe import Recipe
+from tasks.training.start import Built
+from tasks.training.step import StepStats
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where one training run reads its shards and writes everything it makes."""
+
+    shard_dir: Path
+    model: Path
+    history: Path
+    plot: Path
+    run_meta: Path
+    dynamics: Path  # per training image: the area under the margin (tasks/training/dynamics.py)
+    train_batch: Path  # grids of what the model sees (tasks/training/batches.py)
+    val_batch: Path
+    runs: Path  # TensorBoard logs and profile: <runs>/train/<run>
+    checkpoints: Path  # <checkpoints>/<run>/last.pt, best.pt
+    pretrained: Path  # train.pretrained's weights files (paths.pretrained)
+
+    @classmethod
+    def beside(
+        cls, shard_dir: Path, model: Path, history: Path, plot: Path, runs: Path, checkpoints: Path | None = None,
+        run_meta: Path | None = None, pretrained: Path | None = None,
+    ) -> Outputs:  # fmt: skip
+        """The reports the stage writes beside `history` under their paths.* names; checkpoints under `runs`."""
+        names = Paths()
+        return cls(
+            shard_dir, model, history, plot, run_meta or history.with_name(names.train_run.name),
+            history.with_name(names.train_dynamics.name), history.with_name(names.train_batch_png.name),
+            history.with_name(names.val_batch_png.name), runs, checkpoints or runs / "checkpoints",
+            pretrained or names.pretrained,
+        )  # fmt: skip
+
+
+def run_metadata(
+    params: TrainParams, recipe: Recipe, identity: RunIdentity, precision: Precision, world: World,
+    sampler: StepSampler, progress: Progress, stats: StepStats, model: Built, in_sync: bool | None,
+    test_hooks: dict[str, str] | None,
+) -> dict[str, Any]:  # fmt: skip
+    """What this run did (train_run.json)."""
+    return {
+        "run": identity.name,
+        "params_sha256": identity.params_sha256,
+        "data_sha256": identity.data_sha256,
+        "recipe": recipe.to_json(),
+        "device": precision.device_type,
+        "precision": precision.name,
+        "memory_format": precision.memory_format,
+        "processes": world.size,
+        "global_batch": params.batch_size,
+        "accumulation_steps": stats.accumulation,
+        "micro_batch": params.batch_size // (world.size * stats.accumulation),
+        "steps_per_epoch": sampler.steps_per_epoch,
+        "steps": progress.step,
+        "optimizer_updates": stats.updates,
+        "scaler_skipped_steps": stats.scaler_skipped,
+        "nonfinite_steps": stats.nonfinite,
+        "auto_batch": stats.auto_batch,
+        "init_from": model.transfer if model.transfer and "weights" not in model.transfer else None,
+        "pretrained": model.transfer if model.transfer and "weights" in model.transfer else None,
+        "frozen_parameters": len(model.frozen),
+        "best": {"metric": params.monitor, "value": progress.best, "epoch": progress.best_epoch},
+        "coverage": progress.coverage,
+        "ranks_in_sync": in_sync,
+        "test_hooks": test_hooks,  # never promoted: make promote and make commit-run refuse it
+    }
+
+
+def model_provenance(provenance: dict[str, str], model: Built, test_hooks: dict[str, str] | None) -> dict[str, Any]:
+    """What model.pt says it came from: the params, seed and shards, the weights it started from, test hooks."""
+    prov: dict[str, Any] = dict(provenance)
+    if model.transfer and "weights" in model.transfer:  # train.pretrained
+        prov.update(pretrained=model.transfer["weights"], pretrained_sha256=model.transfer["sha256"],
+                    pretrained_published_file=str(model.transfer["published_file"]).lower())  # fmt: skip
+    elif model.transfer:
+        prov["init_from_sha256"] = model.transfer["sha256"]
+    if test_hooks:
+        prov["test_hooks"] = test_hooks
+    return prov
+
+
+def write_outputs(
+    out: Outputs, *, module: torch.nn.Module, arch: str, spec: PreprocessSpec, provenance: dict[str, Any],
+    progress: Progress, meta: dict[str, Any],
+) -> None:  # fmt: skip
+    """model.pt, the history and its plot, train_run.json: the stage's outs, each written atomically."""
+    save_model_file(out.model, module, arch=arch, spec=spec, provenance=provenance)
+    write_json(out.history, progress.history)
+    plot_history(progress.history, out.plot)
+    write_json(out.run_meta, meta)
