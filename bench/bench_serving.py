@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import re
@@ -36,21 +35,15 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import psutil
-import torch
-from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving_inputs import FORM, images, multipart, untrained_model  # noqa: E402
 from serving.app import stream_count  # noqa: E402
-from tasks.core.io import sha256_file  # noqa: E402
 from tasks.core.params import ServeParams  # noqa: E402
-from tasks.core.paths import Paths  # noqa: E402
-from tasks.images.imaging import PreprocessSpec, load_array  # noqa: E402
+from tasks.images.imaging import load_array  # noqa: E402
 from tasks.release.inference import OnnxModel, softmax  # noqa: E402
-from tasks.release.onnx_metadata import write_metadata  # noqa: E402
-from tasks.training.models import build_model  # noqa: E402
-from tasks.training.serialize import export_onnx  # noqa: E402
 
 SERVER = """
 import json, sys, uvicorn
@@ -73,41 +66,6 @@ class Config:
         name, _, numbers = text.partition(":")
         streams, threads, max_batch = (int(n) for n in numbers.split(","))
         return cls(name, streams, threads, max_batch)
-
-
-def untrained_model(tmp: Path, size: int) -> tuple[Path, Path]:
-    torch.manual_seed(0)
-    spec = PreprocessSpec(image_size=size, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
-                          class_names=tuple(f"c{i}" for i in range(10)))  # fmt: skip
-    onnx = tmp / "models" / "model.onnx"
-    onnx.parent.mkdir(parents=True)
-    export_onnx(build_model("resnet18", 10).eval(), spec, onnx, opset=18)
-    write_metadata(onnx, {"preprocess_spec": spec.model_dump_json()})
-    report = Paths(reports=tmp / "reports").export_report
-    report.parent.mkdir(parents=True)
-    report.write_text(json.dumps({"onnx_sha256": sha256_file(onnx)}))
-    return onnx, report
-
-
-def images(count: int) -> list[bytes]:
-    rng = np.random.default_rng(0)
-    out = []
-    for _ in range(count):
-        h, w = rng.integers(64, 257, size=2)
-        buf = io.BytesIO()
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="JPEG", quality=90)
-        out.append(buf.getvalue())
-    return out
-
-
-BOUNDARY = "bench-boundary-7d3f"
-FORM = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
-
-
-def multipart(name: str, data: bytes) -> bytes:
-    """A /predict request body, encoded once up front: the load generator spends its time on sending."""
-    head = f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
-    return head.encode() + b"Content-Type: image/jpeg\r\n\r\n" + data + f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
 def summary(seconds: list[float], wall: float, errors: int = 0) -> dict[str, float]:

@@ -6,6 +6,7 @@
 - a bare synthetic step of the same model, precision, batch and optimizer on one batch already in
   memory (forward, loss, backward, step: nothing else);
 - the bare step again with channels_last memory format;
+- the real loop's ratio to the faster bare format (the loop runs in train.memory_format as resolved);
 - then the pieces: loader alone, gradient norm, histograms, checkpoint save.
 Prints numbers; asserts nothing.
 
@@ -62,11 +63,12 @@ def real_loop(p: TrainParams, shards: Path, spec: PreprocessSpec, steps: int, tm
     gen = torch.Generator().manual_seed(0)
     sampler = StepSampler(steps * p.batch_size, p.batch_size, World(), gen)  # the first images, `steps` batches
     loader = make_loader(data, sampler, num_workers=p.num_workers, pin_memory=False, generator=gen)
-    model = build_model(p.arch, len(spec.class_names))
+    precision = resolve_precision(p.precision, CPU, p.memory_format)
+    model = precision.place(build_model(p.arch, len(spec.class_names)))
     optimizer = build_optimizer(model, p)
     runner = StepRunner(
         model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, p, steps),
-        precision=resolve_precision(p.precision, CPU), params=p, spec=spec, device=CPU, world=World(),
+        precision=precision, params=p, spec=spec, device=CPU, world=World(),
         telemetry=Telemetry(tmp / "tb", enabled=True, histogram_every=p.histogram_every_steps, purge_step=None),
         hooks=(clock := StartClock()),
     )  # fmt: skip
@@ -168,7 +170,7 @@ def main() -> None:
     train_images = len(ShardSplit.open(shards, "train").labels)
     p = resolve(params.train, train_images).params  # the batch and lr the stage would use
     p = p.model_copy(update={"epochs": 1, "warmup_epochs": 0.0})
-    precision = resolve_precision(p.precision, CPU)
+    precision = resolve_precision(p.precision, CPU, p.memory_format)
     steps = min(args.steps, train_images // p.batch_size - 1)
     with tempfile.TemporaryDirectory() as tmp:
         loop, val_s = real_loop(p, shards, spec, steps, Path(tmp))
@@ -177,11 +179,14 @@ def main() -> None:
         parts = pieces(p, spec, shards, steps, Path(tmp))
     print(
         f"shards {shards}: {train_images} train images, batch {p.batch_size}, {p.arch}, {spec.image_size} px, "
-        f"{precision.name}, {torch.get_num_threads()} threads, num_workers {p.num_workers}, {steps} steps each"
+        f"{precision.name}, loop in {precision.memory_format}, {torch.get_num_threads()} threads, "
+        f"num_workers {p.num_workers}, {steps} steps each"
     )
     print(f"real loop (data, hooks, checks, logging, checkpoint) {loop:7.1f} img/s  ({loop / bare:.3f}x the bare step)")
     print(f"bare synthetic step, contiguous                      {bare:7.1f} img/s")
     print(f"bare synthetic step, channels_last                   {last:7.1f} img/s  ({last / bare:.3f}x contiguous)")
+    faster = max(bare, last)
+    print(f"real loop / faster bare format ({'channels_last' if last > bare else 'contiguous'})   {loop / faster:.3f}x")
     print(f"  (validation of 64 images at the epoch end, excluded above: {val_s:.2f} s)")
     print(f"data loading (loader alone)   {parts['load_ms']:8.1f} ms/batch")
     print(f"gradient norm (in each step)  {parts['norm_ms']:8.2f} ms")

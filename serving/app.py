@@ -22,12 +22,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.batching import Batcher, QueueFull
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_reason
 from serving.monitoring import Metrics, ReviewFolder, log
+from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
 from tasks.release.inference import OnnxModel, ranked, softmax
@@ -43,41 +43,6 @@ STATUS_BY_REASON = {
     "too_small": 422,
     "decompression_bomb": 413,
 }
-
-
-class ClassProbability(BaseModel):
-    index: int
-    label: str
-    probability: float
-
-
-class ModelInfo(BaseModel):
-    sha256: str
-    source: str
-    version: str
-
-
-class ImagePrediction(BaseModel):
-    file: str
-    top_k: list[ClassProbability]
-    top1_probability: float
-    margin: float
-    low_confidence: bool
-
-
-class PredictResponse(BaseModel):
-    model: ModelInfo
-    prediction: ImagePrediction
-
-
-class BatchResponse(BaseModel):
-    model: ModelInfo
-    predictions: list[ImagePrediction]
-
-
-class ErrorBody(BaseModel):
-    error: str
-    detail: str
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 415, 422, 503)}

@@ -25,7 +25,7 @@ import torch
 
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
-from tasks.core.io import atomic_dir, sha256_file, write_json
+from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
 from tasks.core.params import ExportParams, Params, derive_seed, section_hash
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
@@ -117,46 +117,44 @@ def run(
     images, labels = test.all_images(), test.labels
     if len(images) == 0:
         raise StageError(f"{shard_dir}: the test split is empty; nothing to prove the export against")
-    tmp_onnx = onnx_path.with_name(f".{onnx_path.name}.tmp-{os.getpid()}")
-    onnx_path.parent.mkdir(parents=True, exist_ok=True)
-    with torch_threads(params.threads) as threads, atomic_dir(exports_dir) as staging:
-        # torch and onnxruntime get the same thread count, so parity scoring and timings compare like for like
-        try:
-            export_onnx(model, spec, tmp_onnx, params.opset)
-            write_metadata(tmp_onnx, {**metadata, "format": "onnx"})
-            onnx.checker.check_model(str(tmp_onnx), full_check=True)
-            reference = predict_logits(model, images, spec, params.batch_size)
-            fp32 = OnnxModel.load(tmp_onnx, threads=threads)
-            fp32_logits = fp32.logits(images, params.batch_size)
-            report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images),
-                                      "opset": params.opset, "onnx_sha256": fp32.sha256}  # fmt: skip
-            checks = parity_checks("onnx", report, params)
-            int8_gates: list[Check] = []
-            runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
-            if "torchscript" in params.formats:
-                scripted, ts = _torchscript(model, spec, staging, metadata, reference, images, params)
-                report["torchscript"] = ts
-                checks += parity_checks("torchscript", ts, params)
-                runtimes["torchscript"] = scripted
-            if "onnx_int8" in params.formats:
-                sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
-                int8, report["onnx_int8"], int8_gates = _int8(tmp_onnx, fp32, staging, metadata, sample, fp32_logits,
-                                                              images, labels, params, threads)  # fmt: skip
-                if int8 is not None:
-                    runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
-            log.info("gates on %d test images:", len(images))
-            enforce(checks)
-            for check in int8_gates:
-                log.info("  %s", check.describe())
-            if not all(c.passed for c in int8_gates):
-                log.warning("%s refused by its gates and not written; check_regression fails on them", INT8_FILE)
-            timings = measure_timings(runtimes, images, spec, params, threads)
-            # DVC may later restore export.json from its run cache without rerunning export, leaving
-            # this undeclared file from another model: the hashes say which model these numbers are for.
-            timings["model"] = {"onnx_sha256": fp32.sha256, "model_sha256": metadata["model_sha256"]}
-            os.replace(tmp_onnx, onnx_path)
-        finally:
-            tmp_onnx.unlink(missing_ok=True)
+    # torch and onnxruntime get the same thread count, so parity scoring and timings compare like for like
+    with (
+        torch_threads(params.threads) as threads,
+        atomic_dir(exports_dir) as staging,
+        atomic_path(onnx_path) as tmp_onnx,  # in place only once every gate passed
+    ):
+        export_onnx(model, spec, tmp_onnx, params.opset)
+        write_metadata(tmp_onnx, {**metadata, "format": "onnx"})
+        onnx.checker.check_model(str(tmp_onnx), full_check=True)
+        reference = predict_logits(model, images, spec, params.batch_size)
+        fp32 = OnnxModel.load(tmp_onnx, threads=threads)
+        fp32_logits = fp32.logits(images, params.batch_size)
+        report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images),
+                                  "opset": params.opset, "onnx_sha256": fp32.sha256}  # fmt: skip
+        checks = parity_checks("onnx", report, params)
+        int8_gates: list[Check] = []
+        runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
+        if "torchscript" in params.formats:
+            scripted, ts = _torchscript(model, spec, staging, metadata, reference, images, params)
+            report["torchscript"] = ts
+            checks += parity_checks("torchscript", ts, params)
+            runtimes["torchscript"] = scripted
+        if "onnx_int8" in params.formats:
+            sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
+            int8, report["onnx_int8"], int8_gates = _int8(tmp_onnx, fp32, staging, metadata, sample, fp32_logits,
+                                                          images, labels, params, threads)  # fmt: skip
+            if int8 is not None:
+                runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
+        log.info("gates on %d test images:", len(images))
+        enforce(checks)
+        for check in int8_gates:
+            log.info("  %s", check.describe())
+        if not all(c.passed for c in int8_gates):
+            log.warning("%s refused by its gates and not written; check_regression fails on them", INT8_FILE)
+        timings = measure_timings(runtimes, images, spec, params, threads)
+        # DVC may later restore export.json from its run cache without rerunning export, leaving
+        # this undeclared file from another model: the hashes say which model these numbers are for.
+        timings["model"] = {"onnx_sha256": fp32.sha256, "model_sha256": metadata["model_sha256"]}
     write_json(report_path, report)
     write_json(timings_path, timings)
     for batch, row in timings["latency_ms_median"].items():

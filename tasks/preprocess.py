@@ -23,6 +23,7 @@ from tasks.core.io import atomic_dir, dumps_json
 from tasks.core.params import Params, PreprocessParams, derive_seed
 from tasks.images.aspect import Aspect, choose_resize
 from tasks.images.imaging import PreprocessSpec
+from tasks.images.report import check_usable, log_summary
 from tasks.images.shards import (
     FORMAT_VERSION,
     MANIFEST,
@@ -136,14 +137,14 @@ def run(
             raise RuntimeError(f"preprocess accounting does not balance: {counts}")  # a bug, never bad data
         labels = {split: [f["label"] for f in files if f["split"] == split] for split in SPLITS}
         split_counts = {split: len(labels[split]) for split in SPLITS}
-        _check_usable(source, test_source, class_names, files, split_counts, quarantined)
+        check_usable(source, test_source, class_names, files, split_counts, quarantined)
         manifest = _manifest(params, seed, spec, test_source is not None, counts, todo, split_counts, labels,
                              shards, files, resize)  # fmt: skip
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
         (tmp / QUARANTINE).write_text(dumps_json(report))
 
-    _log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
+    log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
     log.info("aspect ratios: %s", resize["aspect_ratios"]["summary"])
     log.info("resize %s (%s: %s)", resize["mode"], "auto" if resize["auto"] else "params.yaml", resize["why"])
     return PreprocessResult(counts, split_counts, class_names, Path(out_dir))
@@ -276,62 +277,6 @@ def _decode_and_write(
             {**c.where(), "reason": "duplicate", "detail": f"same bytes as {name}, which is kept"} for c in copies
         )
     return files, quarantined, shapes
-
-
-def _check_usable(
-    source: Path,
-    test_source: Path | None,
-    class_names: tuple[str, ...],
-    files: list[dict[str, Any]],
-    split_counts: dict[str, int],
-    quarantined: list[dict[str, str]],
-) -> None:
-    empty = sorted(set(class_names) - {class_names[f["label"]] for f in files if f["root"] == SOURCE})
-    if empty:
-        refused = Counter(q["path"].split("/", 1)[0] for q in quarantined if q["root"] == SOURCE)
-        detail = ", ".join(f"{name} ({refused[name]} quarantined)" for name in empty)
-        raise StageError(f"data.source {source}: class folders with no usable image: {detail}")
-    if not split_counts["train"] or not split_counts["test"]:
-        where = f"data.test_source {test_source}" if test_source is not None and not split_counts["test"] else (
-            f"data.source {source}")  # fmt: skip
-        raise StageError(f"{where}: too few usable images to fill the train and test splits ({split_counts})")
-
-
-SHOWN_PER_REASON = 3  # files named per reason in the log; quarantine.json lists them all
-
-
-def _name_files(group: list[dict[str, str]]) -> str:
-    """'cat/a.jpg (zero bytes), test_source:dog/b.png, and 4 more': the first few, then a count."""
-    names = []
-    for entry in group[:SHOWN_PER_REASON]:
-        name = entry["path"] if entry.get("root", SOURCE) == SOURCE else f"{entry['root']}:{entry['path']}"
-        detail = entry.get("detail", "")
-        names.append(f"{name} ({detail})" if detail and len(detail) <= 80 else name)
-    more = len(group) - SHOWN_PER_REASON
-    return ", ".join(names) + (f", and {more} more" if more > 0 else "")
-
-
-def _log_summary(
-    quarantined: list[dict[str, str]],
-    ignored: list[dict[str, str]],
-    todo: Plan,
-    counts: dict[str, int],
-    split_counts: dict[str, int],
-    class_names: tuple[str, ...],
-    out_dir: Path,
-) -> None:
-    report = out_dir / QUARANTINE
-    for what, entries in (("quarantined", quarantined), ("ignored", ignored)):
-        by_reason: dict[str, list[dict[str, str]]] = {}
-        for entry in entries:
-            by_reason.setdefault(entry["reason"], []).append(entry)
-        for reason, group in sorted(by_reason.items()):
-            log.info("%s %d file(s): %s: %s", what, len(group), reason, _name_files(group))
-    if quarantined or ignored:
-        log.info("every quarantined and ignored file, with its reason: %s", report)
-    if todo.duplicates:
-        log.info("%d group(s) of files with identical bytes (listed in %s)", len(todo.duplicates), QUARANTINE)
-    log.info("%s; splits %s; %d classes -> %s", counts, split_counts, len(class_names), out_dir)
 
 
 def _main(p: Params) -> None:

@@ -7,6 +7,10 @@
   server runs from its own venv (serving/requirements.txt), which has none of them;
 - tasks/core/ imports no other part of tasks/;
 - nothing under tasks/ imports flows/ or serving/ (the stages know nothing of their orchestrators);
+- tasks/ directly holds only the DAG's stage modules (each a `python -m tasks.<stage>` of dvc.yaml); the
+  manual tools live in tasks/tools/, which no stage and no other room imports;
+- flows/placement/: protocol.py imports no other piece, git.py only the protocol, and the sending side
+  (send.py) and the receiving side (receive.py) never import each other;
 - no test module imports another test module (shared code lives in tests/helpers/ and conftest.py).
 Every import counts, also one inside a function.
 """
@@ -14,11 +18,13 @@ Every import counts, also one inside a function.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers.project import ROOT
 
@@ -128,3 +134,31 @@ def test_release_modules_load_without_torch_in_a_fresh_interpreter() -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+def test_tasks_directly_holds_only_the_dags_stages() -> None:
+    commands = [stage["cmd"] for stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()]
+    stages = {match.group(1) for cmd in commands for match in [re.search(r"-m tasks\.(\w+)", cmd)] if match}
+    modules = {p.stem for p in (ROOT / "tasks").glob("*.py") if p.name != "__init__.py"}
+    assert modules == stages
+
+
+@pytest.mark.parametrize("package", ["tasks/core", "tasks/images", "tasks/training", "tasks/release"])
+def test_no_room_imports_the_manual_tools(package: str) -> None:
+    assert violations(package, ("tasks.tools",)) == []
+
+
+def test_no_stage_imports_the_manual_tools() -> None:
+    bad = [f"{p.name} reaches {name}" for p in sorted((ROOT / "tasks").glob("*.py"))
+           for name in reachable(p) if name == "tasks.tools" or name.startswith("tasks.tools.")]  # fmt: skip
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("piece", "allowed"),
+    [("protocol", set()), ("git", {"protocol"}), ("send", {"protocol", "git"}), ("receive", {"protocol", "git"})],
+)
+def test_placement_pieces_import_only_what_they_build_on(piece: str, allowed: set[str]) -> None:
+    imported = {name.split(".")[2] for name in imports_of(ROOT / "flows" / "placement" / f"{piece}.py")
+                if name.startswith("flows.placement.")}  # fmt: skip
+    assert imported <= allowed, f"flows/placement/{piece}.py imports {sorted(imported - allowed)}"

@@ -99,11 +99,12 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_file(
-    final: Path, mode: str = "wb", *, durable: bool = True, before_commit: Callable[[Path], None] | None = None
-) -> Iterator[Any]:
-    """Open a temporary file beside `final`; on success fsync it and rename it over `final`: the one way
-    this project writes a file that must never be seen half-written (outputs, checkpoints, served intake).
+def atomic_path(
+    final: Path, *, durable: bool = True, before_commit: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
+    """A temporary path beside `final` to write; on success it is fsynced and renamed over `final`: the one
+    way this project writes a file that must never be seen half-written (outputs, checkpoints, the ONNX
+    model once its checks pass, served intake). Raise in the block and `final` is left as it was.
 
     `durable=False` skips the fsyncs (a review folder's intake: atomic, not crash-durable);
     `before_commit(tmp)` runs between the write and the rename (the fault tests kill a save there).
@@ -113,10 +114,9 @@ def atomic_file(
     remove_stale_temps(final)
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, mode) as handle:
-            yield handle
-            handle.flush()
-            if durable:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as handle:
                 os.fsync(handle.fileno())
         if before_commit is not None:
             before_commit(tmp)
@@ -126,6 +126,15 @@ def atomic_file(
         raise
     if durable:
         fsync_dir(final.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(
+    final: Path, mode: str = "wb", *, durable: bool = True, before_commit: Callable[[Path], None] | None = None
+) -> Iterator[Any]:
+    """`atomic_path`, opened: write to the handle; on success the file replaces `final`."""
+    with atomic_path(final, durable=durable, before_commit=before_commit) as tmp, open(tmp, mode) as handle:
+        yield handle
 
 
 def dumps_json(obj: Any) -> str:

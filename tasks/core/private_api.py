@@ -79,5 +79,6 @@ def dvc_remotes(path: Path) -> tuple[dict[str, str], str | None]:
 def dvc_stage_status(path: Path, stage: str) -> list[Any]:
     """`dvc status <stage>`'s entries for one stage (its upstream stages not included), as `--json` prints
     them; waits while another DVC process holds the repository lock (evaluate and export side by side)."""
-    with dvc_repo(path) as repo:
-        return repo.status(targets=[stage]).get(stage, [])
+    with dvc_repo(path) as repo:  # addressed by its dvc.yaml: a bare name would resolve from the working directory
+        found = repo.status(targets=[f"{Path(path).resolve() / 'dvc.yaml'}:{stage}"])
+    return next(iter(found.values()), [])
