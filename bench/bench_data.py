@@ -96,6 +96,43 @@ def imagefolder_baseline(images: Path, train_files: list[str], transform: T.Comp
     return DataLoader(subset, batch_size=BATCH, shuffle=True, num_workers=0)
 
 
+def loading_rates(
+    images: Path, shards: Path, train_files: list[str], size: int, mean: tuple, std: tuple, repeats: int
+) -> tuple[list[tuple[str, float, float]], float]:
+    """Images/s of one epoch on one core: ImageFolder + torchvision vs the shards, per augmentation."""
+    torch.set_num_threads(1)  # one core for both loaders
+    norm_mean = torch.tensor(mean).view(1, 3, 1, 1) * 255
+    norm_std = torch.tensor(std).view(1, 3, 1, 1) * 255
+
+    def normalize(batch: torch.Tensor) -> torch.Tensor:  # what the training step does to shard batches
+        return (batch.float() - norm_mean) / norm_std
+
+    pad = AugmentParams()
+    rrc = AugmentParams(crop="random_resized")
+    baselines = {
+        "pad crop + flip (default)": T.Compose([
+            T.Resize(size), T.CenterCrop(size),
+            T.RandomCrop(size, padding=pad.crop_padding, padding_mode="reflect"),
+            T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
+        ]),
+        "random resized crop + flip": T.Compose([
+            T.RandomResizedCrop(size, scale=rrc.scale, ratio=rrc.ratio),
+            T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
+        ]),
+    }  # fmt: skip
+    rows = []
+    for (name, transform), aug in zip(baselines.items(), (pad, rrc), strict=True):
+        folder = imagefolder_baseline(images, train_files, transform)
+        dataset = ShardDataset(shards, "train", augment=Augment(aug), seed=42)
+        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=0)
+        a = best_rate(lambda folder=folder: epoch(folder), repeats)
+        b = best_rate(lambda loader=loader: epoch(loader, normalize), repeats)
+        rows.append((name, a, b))
+    plain = DataLoader(ShardDataset(shards, "train"), batch_size=BATCH, shuffle=True, num_workers=0)
+    raw = best_rate(lambda: epoch(plain, normalize), repeats)
+    return rows, raw
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", help="an ImageFolder (default: data/generated, else generated here)")
@@ -109,7 +146,6 @@ def main() -> None:
         scratch = Path(tmp)
         images = find_images(args, scratch)
         prep = PreprocessParams(image_size=args.size)
-        mean, std = prep.mean, prep.std
 
         # Preprocessing throughput: the whole stage (hash, decode, write shards), 1 vs 2 workers, runs
         # interleaved (1, 2, 2, 1, 1, 2, ...) so that load drifting over the bench hits both alike.
@@ -121,36 +157,7 @@ def main() -> None:
         shards = scratch / "shards-1"
         train_files = [f["path"] for f in read_json(shards / "manifest.json")["files"] if f["split"] == "train"]
 
-        torch.set_num_threads(1)  # one core for both loaders
-        norm_mean = torch.tensor(mean).view(1, 3, 1, 1) * 255
-        norm_std = torch.tensor(std).view(1, 3, 1, 1) * 255
-
-        def normalize(batch: torch.Tensor) -> torch.Tensor:  # what the training step does to shard batches
-            return (batch.float() - norm_mean) / norm_std
-
-        pad = AugmentParams()
-        rrc = AugmentParams(crop="random_resized")
-        baselines = {
-            "pad crop + flip (default)": T.Compose([
-                T.Resize(args.size), T.CenterCrop(args.size),
-                T.RandomCrop(args.size, padding=pad.crop_padding, padding_mode="reflect"),
-                T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
-            ]),
-            "random resized crop + flip": T.Compose([
-                T.RandomResizedCrop(args.size, scale=rrc.scale, ratio=rrc.ratio),
-                T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(mean, std),
-            ]),
-        }  # fmt: skip
-        rows = []
-        for (name, transform), aug in zip(baselines.items(), (pad, rrc), strict=True):
-            folder = imagefolder_baseline(images, train_files, transform)
-            dataset = ShardDataset(shards, "train", augment=Augment(aug), seed=42)
-            loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=0)
-            a = best_rate(lambda folder=folder: epoch(folder), args.repeats)
-            b = best_rate(lambda loader=loader: epoch(loader, normalize), args.repeats)
-            rows.append((name, a, b))
-        plain = DataLoader(ShardDataset(shards, "train"), batch_size=BATCH, shuffle=True, num_workers=0)
-        raw = best_rate(lambda: epoch(plain, normalize), args.repeats)
+        rows, raw = loading_rates(images, shards, train_files, args.size, prep.mean, prep.std, args.repeats)
 
     load = os.getloadavg()
     print(f"\nimages: {images} ({len(train_files)} train images used for loading, {args.size}px)")

@@ -26,7 +26,7 @@ from flows.artifacts import (
     publish_why,
     stage_reports,
 )
-from flows.dag import load_stages
+from flows.dag import Stage, load_stages
 from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
 from flows.placement import StageCrashed, check_dvc_remote, check_git_remote, check_placement, placed_stage
@@ -128,17 +128,7 @@ def train_flow(
     why: dict[str, list[str]] = {}
     reports = {name: str(path) for name, path in stage_reports(params.paths).items()}
     try:
-        futures: dict[str, PrefectFuture[dict[str, Any]]] = {}
-        for name, stage in stages.items():  # upstream stages come first
-            options = {"retries": train_retries if name == "train" else 0, "retry_delay_seconds": retry_delay_seconds}
-            after = [futures[up] for up in sorted(stage.upstream)]
-            if name in placement:  # on another machine: a run of run-stage/<pool>, a subflow of this run
-                futures[name] = placed_stage.with_options(**options).submit(
-                    name, placement[name], str(repo), git_remote, remote, wait_for=after
-                )
-            else:
-                futures[name] = run_stage.with_options(**options).submit(name, str(repo), reports.get(name),
-                                                                         wait_for=after)  # fmt: skip
+        futures = _submit(stages, repo, reports, placement, git_remote, remote, train_retries, retry_delay_seconds)
         wait(list(futures.values()))
         outcomes.update({name: _outcome(future) for name, future in futures.items()})
         why.update({name: reasons for name, future in futures.items() if (reasons := _why(future)) is not None})
@@ -164,6 +154,25 @@ def train_flow(
     path = record_run(repo, params, outcomes, why, "completed")
     logger.info("stages: %s; run manifest -> %s", outcomes, path)
     return outcomes
+
+
+def _submit(
+    stages: dict[str, Stage], repo: Path, reports: dict[str, str], placement: dict[str, str], git_remote: str,
+    remote: str | None, train_retries: int, retry_delay_seconds: float,
+) -> dict[str, PrefectFuture[dict[str, Any]]]:  # fmt: skip
+    """One task per stage, each waiting for its upstream stages; a placed stage as a run of run-stage/<pool>."""
+    futures: dict[str, PrefectFuture[dict[str, Any]]] = {}
+    for name, stage in stages.items():  # upstream stages come first
+        options = {"retries": train_retries if name == "train" else 0, "retry_delay_seconds": retry_delay_seconds}
+        after = [futures[up] for up in sorted(stage.upstream)]
+        if name in placement:  # on another machine: a subflow of this run
+            futures[name] = placed_stage.with_options(**options).submit(
+                name, placement[name], str(repo), git_remote, remote, wait_for=after
+            )
+        else:
+            futures[name] = run_stage.with_options(**options).submit(name, str(repo), reports.get(name),
+                                                                     wait_for=after)  # fmt: skip
+    return futures
 
 
 if __name__ == "__main__":

@@ -226,6 +226,13 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _add_error_handlers(app)
 
+    _add_routes(app, state, serve, batcher, metrics)
+    return app
+
+
+def _add_routes(app: FastAPI, state: State, serve: ServeParams, batcher: Batcher, metrics: Metrics) -> None:
+    """/health, /ready, /metrics, /predict and /predict/batch."""
+
     def ensure_ready() -> None:
         if state.model is None:
             raise HTTPException(503, f"model_not_ready: {state.error or 'loading'}")
@@ -262,8 +269,6 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
         items = [(f.filename or f"files[{i}]", await f.read()) for i, f in enumerate(files)]
         predictions = await infer(batcher, items)
         return JSONResponse({"model": state.info, "predictions": predictions})
-
-    return app
 
 
 def app_from_params() -> FastAPI:
