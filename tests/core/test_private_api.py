@@ -20,6 +20,8 @@ import yaml
 from tasks.core import private_api
 from tests.helpers.project import ROOT, dvc, sh
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 PRIVATE = ("_wait_for_lock", "modify_yaml", "apply_overrides", "_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -13,6 +14,8 @@ import torch.multiprocessing as mp
 from tasks.core.errors import StageError
 from tasks.training import consistency
 from tasks.training.distributed import World
+
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
 
 def _free_port() -> int:

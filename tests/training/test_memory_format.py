@@ -15,6 +15,8 @@ from tasks.training.optim import build_optimizer
 from tasks.training.precision import NATIVE_BF16_ENV, Precision, resolve_memory_format, resolve_precision
 from tests.helpers.training import CPU, SPEC, batch, make_trainer, weights
 
+pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
 CUDA = torch.device("cuda", 0)
 
 
