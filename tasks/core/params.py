@@ -184,7 +184,7 @@ class TrainParams(Section):
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (Nesterov when > 0)")
     weight_decay: float = Field(5e-4, ge=0)
     decay_norm_and_bias: bool = Field(
-        False, description="also decay BatchNorm weights and all biases (off: decay only conv and linear weights)"
+        True, description="also decay BatchNorm weights and all biases (false: only conv and linear weights)"
     )
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     clip_grad_norm: float = Field(0.0, ge=0, description="max global norm of the unscaled gradients; 0 = off")
@@ -200,7 +200,7 @@ class TrainParams(Section):
         "auto", description="auto: bf16 on CPUs with native bf16, else fp32; on CUDA bf16, or fp16 + GradScaler"
     )
     memory_format: Literal["auto", "contiguous", "channels_last"] = Field(
-        "auto", description="auto: channels_last where reduced precision is native (bf16 CPU, GPU), else contiguous"
+        "auto", description="auto: the format measured faster for the device and precision (docs/training.md)"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available")
     compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")

@@ -10,10 +10,8 @@ IMAGEPIPE_NATIVE_BF16=1 (or 0) overrides the CPU detection: a test forces anothe
 and a fleet of mixed CPUs can pin one. What auto resolved to is the train stage's environment record
 (reports/environment/train.json), so the override is part of DVC's key like the CPU itself.
 
-Memory format auto is channels_last where reduced precision runs natively (bf16 on a CPU that has it,
-fp16/bf16 on a GPU), contiguous otherwise. On a CPU with AVX-512 bf16, bench/bench_train.py measured
-the bare bf16 step at 1.21x with channels_last (359.5 vs 298 img/s); on an AVX2 CPU in fp32 channels_last
-did not pay (docs/benchmarks.md). The weights saved and exported are contiguous either way, and a
+Memory format auto is what measured faster for the device and precision (`resolve_memory_format`,
+figures in docs/benchmarks.md). The weights saved and exported are contiguous either way, and a
 checkpoint of either format loads under the other.
 """
 
@@ -81,8 +79,15 @@ def resolve_precision(requested: str, device: torch.device, memory_format: str =
 
 
 def resolve_memory_format(requested: str, precision: str, device: torch.device) -> str:
-    """auto: channels_last where the resolved precision runs natively in reduced precision, else contiguous."""
+    """auto: the format that measured faster for this device and precision (bench/bench_train.py, bare step):
+    channels_last for native reduced precision (bf16 on a CPU that has it: 1.21x; fp16/bf16 on a GPU) and for
+    fp32 on an AVX2 CPU (1.11x and 1.12x in two runs); contiguous elsewhere (fp32 on the earlier CPU without
+    native bf16 measured 0.90x and 1.03x; fp32 on a GPU was not measured)."""
     if requested != "auto":
         return requested
-    native = device.type == "cuda" or (precision == "bf16" and cpu_has_native_bf16())
-    return "channels_last" if native and precision in ("bf16", "fp16") else "contiguous"
+    if device.type == "cuda":
+        return "channels_last" if precision in ("bf16", "fp16") else "contiguous"
+    if precision == "bf16" and cpu_has_native_bf16():
+        return "channels_last"
+    fp32_pays = precision == "fp32" and torch.backends.cpu.get_cpu_capability() == "AVX2"
+    return "channels_last" if fp32_pays else "contiguous"

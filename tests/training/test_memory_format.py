@@ -25,8 +25,7 @@ CUDA = torch.device("cuda", 0)
     [
         ("auto", "bf16", CPU, "1", "channels_last"),  # measured faster on an AVX-512 bf16 CPU
         ("auto", "bf16", CPU, "0", "contiguous"),  # emulated bf16: nothing to gain
-        ("auto", "fp32", CPU, "1", "contiguous"),
-        ("auto", "fp32", CPU, "0", "contiguous"),  # measured: channels_last did not pay on the AVX2 CPU
+        ("auto", "fp16", CPU, "0", "contiguous"),  # fp16 on a CPU: the scaler tests' path, not a speed path
         ("auto", "fp16", CUDA, "0", "channels_last"),
         ("auto", "fp32", CUDA, "0", "contiguous"),
         ("channels_last", "fp32", CPU, "0", "channels_last"),  # asked for: taken as asked
@@ -40,11 +39,21 @@ def test_auto_resolves_by_device_and_precision(
     assert resolve_memory_format(requested, precision, device) == expected
 
 
+@pytest.mark.parametrize(("capability", "expected"), [("AVX2", "channels_last"), ("AVX512", "contiguous")])
+def test_fp32_on_a_cpu_follows_what_measured_faster_on_its_class(
+    capability: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert resolve_memory_format("auto", "fp32", CPU) == expected
+
+
 def test_resolve_precision_carries_the_memory_format(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(NATIVE_BF16_ENV, "1")
     assert resolve_precision("auto", CPU, "auto") == Precision("bf16", "cpu", "channels_last")
     monkeypatch.setenv(NATIVE_BF16_ENV, "0")
-    assert resolve_precision("auto", CPU, "auto") == Precision("fp32", "cpu", "contiguous")
+    here = resolve_memory_format("auto", "fp32", CPU)
+    assert resolve_precision("auto", CPU, "auto") == Precision("fp32", "cpu", here)
+    assert resolve_precision("auto", CPU, "contiguous").memory_format == "contiguous"
 
 
 def test_a_channels_last_step_matches_a_contiguous_one_and_saves_contiguous_weights() -> None:
@@ -87,7 +96,7 @@ def test_a_checkpoint_loads_under_either_format(saved_as: str, loaded_as: str, t
 def test_weight_decay_reaches_only_conv_and_linear_weights() -> None:
     model = build_model("resnet18", 3)
     params = TrainParams.model_validate({"lr": 0.1, "batch_size": 8, "epochs": 1, "backbone_lr_scale": 0.5,
-                                         "weight_decay": 5e-4})  # fmt: skip
+                                         "weight_decay": 5e-4, "decay_norm_and_bias": False})  # fmt: skip
     groups = {g["name"]: g for g in build_optimizer(model, params).param_groups}
     assert list(groups) == ["backbone", "backbone_no_decay", "head", "head_no_decay"]
     names = {id(p): n for n, p in model.named_parameters()}

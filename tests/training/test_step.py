@@ -79,7 +79,7 @@ def test_frozen_backbone_keeps_weights_and_batchnorm_statistics() -> None:
     assert "conv1.weight" in frozen and "fc.weight" not in frozen
     before = weights(model)
     trainer = make_trainer(model, spec=SPEC.model_copy(update={"image_size": 32}), momentum=0.9)
-    assert [g["name"] for g in trainer.optimizer.param_groups] == ["head", "head_no_decay"]
+    assert [g["name"] for g in trainer.optimizer.param_groups] == ["head"]
     set_train_mode(model, frozen_backbone=True)
     assert not model.bn1.training and not model.layer4[1].bn2.training and model.training
     for seed in range(2):
