@@ -154,7 +154,8 @@ def _setup(
     wrapped, ddp = distributed.wrap(built.module, world, device, compile=params.compile)
     identity = run_identity(params, seed=start.seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
                             init_sha256=built.transfer["sha256"] if built.transfer else None,
-                            device_type=device.type, precision=precision.name)  # fmt: skip
+                            device_type=device.type, precision=precision.name,
+                            memory_format=precision.memory_format)  # fmt: skip
     checkpointer = Checkpointer(out.checkpoints / identity.name, identity, hooks)
     optimizer, schedule = start.optimizer(built.module, steps_per_epoch=data.sampler.steps_per_epoch)
     payload = checkpointer.load() if params.resume else None

@@ -62,12 +62,15 @@ def run_identity(
     init_sha256: str | None,
     device_type: str,
     precision: str = "fp32",
+    memory_format: str = "contiguous",
 ) -> RunIdentity:
-    """What the weights depend on. The resolved precision and torch's version are part of it (auto resolves
-    to bf16 on one CPU, fp32 on another): a run never resumes, or takes as finished, another one's checkpoint."""
+    """What the weights depend on. The resolved precision and memory format and torch's version are part of it
+    (auto resolves to bf16 or channels_last on one CPU, fp32 or contiguous on another): a run never resumes, or
+    takes as finished, another one's checkpoint."""
     shaping = params.model_dump(mode="json", exclude=set(OPERATIONAL))
     blob = json.dumps({"train": shaping, "seed": seed, "init": init_sha256, "device": device_type,
-                       "precision": precision, "torch": torch.__version__}, sort_keys=True)  # fmt: skip
+                       "precision": precision, "memory_format": memory_format, "torch": torch.__version__},
+                      sort_keys=True)  # fmt: skip
     return RunIdentity(hashlib.sha256(blob.encode()).hexdigest(), data_sha256)
 
 

@@ -131,6 +131,10 @@ def test_run_identity_ignores_operational_params_only() -> None:
     resolved = {run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu",
                              precision=name).params_sha256 for name in ("fp32", "bf16")}  # fmt: skip
     assert len(resolved) == 2
+    # So is the memory format: a channels_last run never finishes on a contiguous run's checkpoint.
+    formats = {run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu",
+                            memory_format=name).params_sha256 for name in ("contiguous", "channels_last")}  # fmt: skip
+    assert len(formats) == 2
 
 
 def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> None:
