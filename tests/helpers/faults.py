@@ -102,7 +102,7 @@ class FaultHooks(Hooks):
                 raise FaultSpecError(f"{bad}@step:{step}:{name}: no parameter {name!r} in the model")
             grad = params[name].grad
             if grad is not None:
-                grad.view(-1)[0] = value * loss_scale
+                grad[(0,) * grad.ndim] = value * loss_scale  # in place, whatever the memory format
 
     def before_checkpoint_commit(self, tmp: Path, number: int) -> None:
         if self.take("kill", "ckpt-write", number) is not None:

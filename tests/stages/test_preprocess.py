@@ -140,7 +140,7 @@ def test_the_log_names_quarantined_files(tmp_path: Path, caplog: pytest.LogCaptu
     for i in range(5):
         (source / "class_0" / f"empty{i}.jpg").write_bytes(b"")
     (source / "class_1" / "notes.txt").write_text("x")
-    with caplog.at_level("INFO", logger="tasks.preprocess"):
+    with caplog.at_level("INFO", logger="tasks"):
         preprocess.run(PARAMS, seed=1, source=source, out_dir=tmp_path / "shards")
     log = caplog.text
     assert ("quarantined 5 file(s): empty_file: class_0/empty0.jpg (zero bytes), class_0/empty1.jpg (zero bytes), "

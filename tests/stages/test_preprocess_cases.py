@@ -217,7 +217,7 @@ def test_duplicates_are_reported_and_kept_once(messy: tuple) -> None:
 
 def test_summary_line_per_reason(messy: tuple, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     data = messy[0]
-    with caplog.at_level(logging.INFO, logger="tasks.preprocess"):
+    with caplog.at_level(logging.INFO, logger="tasks"):
         preprocess.run(PARAMS.model_copy(update={"workers": 1}), seed=3, source=data, out_dir=tmp_path / "again")
     assert "quarantined 3 file(s): truncated" in caplog.text
     assert "quarantined 2 file(s): decompression_bomb" in caplog.text
