@@ -20,8 +20,15 @@ from tests.helpers.project import env_with_venv, preprocessed_project, run_train
 # Both runs should learn the colour classes of preprocessed_project, so their accuracies are comparable.
 # memory_format pinned: under channels_last (auto on an AVX2 CPU) two processes reached 0.77 val accuracy against
 # 1.0 for one in this test; an open question (see the issue note), not something this test may hide for contiguous.
-TRAIN = {"arch": "resnet18", "epochs": 3, "batch_size": 16, "optimizer": "adamw", "lr": 0.001, "threads": 1,
-         "memory_format": "contiguous"}
+TRAIN = {
+    "arch": "resnet18",
+    "epochs": 3,
+    "batch_size": 16,
+    "optimizer": "adamw",
+    "lr": 0.001,
+    "threads": 1,
+    "memory_format": "contiguous",
+}
 
 
 @pytest.fixture(scope="module")
