@@ -1,16 +1,19 @@
 """What the training loop costs, side by side in one run on real shards:
 
 - the real loop (`EpochLoop.fit` + `StepRunner`: data loading, hooks, non-finite checks, gradient norm,
-  TensorBoard logging, progress bar, the end-of-epoch checkpoint) in images/s, validation excluded,
-  its first step excluded as warm-up (timed from a hook);
+  TensorBoard logging, progress bar) in images/s over whole steps, its first step excluded as warm-up and
+  the epoch's end (validation, checkpoint) excluded and printed apart (timed from a hook);
 - a bare synthetic step of the same model, precision, batch and optimizer on one batch already in
   memory (forward, loss, backward, step: nothing else);
 - the bare step again with channels_last memory format;
 - the real loop's ratio to the faster bare format (the loop runs in train.memory_format as resolved);
 - then the pieces: loader alone, gradient norm, histograms, checkpoint save.
-Prints numbers; asserts nothing.
+The three are measured in rounds (default 3), each round in another order, and the ratio is each round's
+own, then their median: on a shared 2-core machine one format measured alone swung by a quarter between
+minutes (203 to 268 img/s), more than the gap being judged, so a ratio of two numbers taken minutes
+apart says little. Prints numbers; asserts nothing.
 
-    .venv/bin/python -m bench.bench_train [--shards data/shards] [--steps 30]
+    .venv/bin/python -m bench.bench_train [--shards data/shards] [--steps 20] [--rounds 3]
 Needs shards (dvc repro preprocess). Uses params.yaml's train section (arch, batch size, precision).
 """
 
@@ -21,6 +24,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,32 +49,39 @@ from tasks.training.telemetry import Telemetry
 CPU = torch.device("cpu")
 
 
-class StartClock(Hooks):
-    """Starts the clock when step 2 begins: step 1 (allocations, first kernels) is warm-up, as for the bare step."""
+class StepClock(Hooks):
+    """Times steps 2..last-1 from the start of step 2 to the start of the last step: step 1 (allocations, first
+    kernels) is warm-up, as for the bare step, and the epoch's end (validation, checkpoint: once per epoch of
+    `steps_per_epoch` steps in the stage, not once per bench's 20) stays out; both are printed apart below."""
 
-    def __init__(self) -> None:
+    def __init__(self, last: int) -> None:
+        self.last = last
         self.started: float | None = None
+        self.stopped: float | None = None
 
     def on_step_start(self, step: int) -> None:
         if step == 2:
             self.started = time.perf_counter()
+        elif step == self.last:
+            self.stopped = time.perf_counter()
 
 
 def real_loop(p: TrainParams, shards: Path, spec: PreprocessSpec, steps: int, tmp: Path) -> tuple[float, float]:
-    """images/s of steps 2..steps+1 of one epoch through the stage's own loop, and the validation seconds."""
-    steps += 1
+    """images/s of `steps` whole steps (loading, step, bookkeeping) through the stage's own loop, and the
+    validation seconds at the epoch's end."""
     data = ShardDataset(shards, "train", augment=Augment(p.augment), seed=0)
     gen = torch.Generator().manual_seed(0)
-    sampler = StepSampler(steps * p.batch_size, p.batch_size, World(), gen)  # the first images, `steps` batches
+    total = steps + 2
+    sampler = StepSampler(total * p.batch_size, p.batch_size, World(), gen)  # the first images, `total` batches
     loader = make_loader(data, sampler, num_workers=p.num_workers, pin_memory=False, generator=gen)
     precision = resolve_precision(p.precision, CPU, p.memory_format)
     model = precision.place(build_model(p.arch, len(spec.class_names)))
     optimizer = build_optimizer(model, p)
     runner = StepRunner(
-        model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, p, steps),
+        model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, p, total),
         precision=precision, params=p, spec=spec, device=CPU, world=World(),
         telemetry=Telemetry(tmp / "tb", enabled=True, histogram_every=p.histogram_every_steps, purge_step=None),
-        hooks=(clock := StartClock()),
+        hooks=(clock := StepClock(last=total)),
     )  # fmt: skip
     loop = EpochLoop(
         runner,
@@ -89,10 +100,9 @@ def real_loop(p: TrainParams, shards: Path, spec: PreprocessSpec, steps: int, tm
         return metrics
 
     loop.fit(loader=loader, sampler=sampler, dataset=data, validate=timed_validate)
-    assert clock.started is not None
-    seconds = time.perf_counter() - clock.started - sum(spent)
+    assert clock.started is not None and clock.stopped is not None
     runner.telemetry.close()
-    return (steps - 1) * p.batch_size / seconds, sum(spent)
+    return steps * p.batch_size / (clock.stopped - clock.started), sum(spent)
 
 
 def bare_steps(p: TrainParams, spec: PreprocessSpec, precision: Precision, steps: int, channels_last: bool) -> float:
@@ -158,10 +168,24 @@ def pieces(p: TrainParams, spec: PreprocessSpec, shards: Path, steps: int, tmp: 
             "ckpt_mb": ckpt.last.stat().st_size / 1e6}  # fmt: skip
 
 
+def rotated_round(measure: dict[str, Any], number: int) -> dict[str, float]:
+    """One round: every measurement once, the order rotated by the round's number (no one always goes first)."""
+    names = list(measure)
+    names = names[number % len(names) :] + names[: number % len(names)]
+    got: dict[str, float] = {}
+    for name in names:
+        rate, val_s = measure[name]()
+        got[name] = rate
+        if name == "loop":
+            got["val_s"] = val_s
+    return got
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=None)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     params = load_params()
     shards = args.shards or params.paths.shards
@@ -172,22 +196,33 @@ def main() -> None:
     p = p.model_copy(update={"epochs": 1, "warmup_epochs": 0.0})
     precision = resolve_precision(p.precision, CPU, p.memory_format)
     steps = min(args.steps, train_images // p.batch_size - 1)
-    with tempfile.TemporaryDirectory() as tmp:
-        loop, val_s = real_loop(p, shards, spec, steps, Path(tmp))
-        bare = bare_steps(p, spec, precision, steps, channels_last=False)
-        last = bare_steps(p, spec, precision, steps, channels_last=True)
-        parts = pieces(p, spec, shards, steps, Path(tmp))
     print(
         f"shards {shards}: {train_images} train images, batch {p.batch_size}, {p.arch}, {spec.image_size} px, "
         f"{precision.name}, loop in {precision.memory_format}, {torch.get_num_threads()} threads, "
-        f"num_workers {p.num_workers}, {steps} steps each"
+        f"num_workers {p.num_workers}, {steps} steps each, {args.rounds} rounds"
     )
-    print(f"real loop (data, hooks, checks, logging, checkpoint) {loop:7.1f} img/s  ({loop / bare:.3f}x the bare step)")
+    with tempfile.TemporaryDirectory() as tmp:
+        measure = {
+            "loop": lambda: real_loop(p, shards, spec, steps, Path(tmp)),
+            "contiguous": lambda: (bare_steps(p, spec, precision, steps, channels_last=False), 0.0),
+            "channels_last": lambda: (bare_steps(p, spec, precision, steps, channels_last=True), 0.0),
+        }
+        rounds = [rotated_round(measure, r) for r in range(args.rounds)]
+        parts = pieces(p, spec, shards, steps, Path(tmp))
+    for r, got in enumerate(rounds, 1):
+        faster = max(got["contiguous"], got["channels_last"])
+        print(f"round {r}: real loop {got['loop']:7.1f}  bare contiguous {got['contiguous']:7.1f}  bare channels_last "
+              f"{got['channels_last']:7.1f} img/s  loop/faster bare {got['loop'] / faster:.3f}x")  # fmt: skip
+    loop, bare, last = (statistics.median(g[k] for g in rounds) for k in ("loop", "contiguous", "channels_last"))
+    val_s = statistics.median(g["val_s"] for g in rounds)
+    ratio = statistics.median(g["loop"] / max(g["contiguous"], g["channels_last"]) for g in rounds)
+    cl_ratio = statistics.median(g["channels_last"] / g["contiguous"] for g in rounds)
+    print("medians over the rounds:")
+    print(f"real loop (data, hooks, checks, logging)             {loop:7.1f} img/s")
     print(f"bare synthetic step, contiguous                      {bare:7.1f} img/s")
-    print(f"bare synthetic step, channels_last                   {last:7.1f} img/s  ({last / bare:.3f}x contiguous)")
-    faster = max(bare, last)
-    print(f"real loop / faster bare format ({'channels_last' if last > bare else 'contiguous'})   {loop / faster:.3f}x")
-    print(f"  (validation of 64 images at the epoch end, excluded above: {val_s:.2f} s)")
+    print(f"bare synthetic step, channels_last                   {last:7.1f} img/s  ({cl_ratio:.3f}x contiguous)")
+    print(f"real loop / faster bare format (each round's own)    {ratio:.3f}x")
+    print(f"  (at each epoch's end, excluded above: validation of 64 images {val_s:.2f} s, checkpoint below)")
     print(f"data loading (loader alone)   {parts['load_ms']:8.1f} ms/batch")
     print(f"gradient norm (in each step)  {parts['norm_ms']:8.2f} ms")
     print(f"histograms (every N steps)    {parts['hist_s']:8.2f} s per call")
