@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.training.precision import NATIVE_BF16_ENV, cpu_has_native_bf16
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import ROOT, commit, dvc, env_with_venv, make_project, ran_stages, sh, stale_stages
 
@@ -47,6 +48,7 @@ def test_second_repro_changes_nothing(repo: Path) -> None:
     assert stale_stages(repo) == {}
 
 
+@pytest.mark.slow  # 48 s; identical weights from the same params: tests/stages/test_train.py
 def test_from_scratch_twice_gives_identical_outputs(repo: Path, tmp_path: Path) -> None:
     other = make_project(tmp_path / "again")
     dvc("repro", cwd=other)
@@ -98,27 +100,30 @@ def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(re
     finally:
         (repo / "dvc.lock").write_text(lock)
 
-    # The same checkout told its CPU has native bf16: exactly the stages that depend on train's record rerun.
+    # The same checkout told its CPU is the other kind (native bf16 or not): precision auto resolves the other
+    # way, and exactly the stages that depend on train's record rerun.
+    here = "bf16" if cpu_has_native_bf16() else "fp32"
+    there, told = ("fp32", "0") if here == "bf16" else ("bf16", "1")
     forced = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, capture_output=True, text=True,
-                            env={**env_with_venv(), "IMAGEPIPE_NATIVE_BF16": "1"})  # fmt: skip
+                            env={**env_with_venv(), NATIVE_BF16_ENV: told})  # fmt: skip
     assert forced.returncode == 0, forced.stdout + forced.stderr
     assert set(ran_stages(forced.stdout)) == {"environment", "train", "evaluate", "export", "check_regression"}
-    dvc("repro", cwd=repo)  # fp32 again: the same bytes as the committed run, by rerun or from DVC's run cache
+    dvc("repro", cwd=repo)  # this CPU's precision again: the committed bytes, by rerun or from the run cache
     again = check_reproduced(repo)
     assert again.returncode == 0 and again.stdout.startswith("identical"), again.stdout
 
-    # A clone whose CPU says it has native bf16: precision auto resolves to bf16, so train reruns there
+    # A clone whose CPU says it is the other kind: precision auto resolves the other way, so train reruns there
     # (its environment record is a dep) and check-reproduced names why the bytes differ.
     clone = tmp_path / "clone"
     sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
     proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=clone, capture_output=True, text=True,
-                          env={**env_with_venv(), "IMAGEPIPE_NATIVE_BF16": "1"})  # fmt: skip
+                          env={**env_with_venv(), NATIVE_BF16_ENV: told})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads((clone / "reports/environment/train.json").read_text())["precision"] == "bf16"
-    assert json.loads((clone / "reports/train_run.json").read_text())["precision"] == "bf16"
+    assert json.loads((clone / "reports/environment/train.json").read_text())["precision"] == there
+    assert json.loads((clone / "reports/train_run.json").read_text())["precision"] == there
     other = check_reproduced(clone)
     assert other.stdout.startswith("another environment than HEAD"), other.stdout
-    assert "train: precision bf16 here, fp32 in the committed run" in other.stdout
+    assert f"train: precision {there} here, {here} in the committed run" in other.stdout
     assert "models/model.pt" in other.stdout and "evaluate" not in other.stdout.split("outputs that differ")[0]
     deltas = [line for line in other.stdout.splitlines() if line.strip().startswith(("accuracy:", "macro_f1:"))]
     assert len(deltas) == 2 and all("committed (delta" in line for line in deltas), other.stdout
