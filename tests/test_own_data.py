@@ -43,6 +43,7 @@ def run_default_recipe(
     return read_json(reports / "metrics.json"), read_json(reports / "train_run.json"), seconds
 
 
+@pytest.mark.slow  # 80 s; the own-folder path stays in the default suite (tests/test_pipeline.py)
 def test_three_classes_of_60_images_learn(tmp_path: Path) -> None:
     source = draw_shapes_folder(tmp_path / "shapes", classes=3, per_class=60, seed=1)
     metrics, run, seconds = run_default_recipe(source, tmp_path / "work")

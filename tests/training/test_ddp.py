@@ -17,6 +17,10 @@ import yaml
 from tasks.core.io import read_json
 from tests.helpers.project import env_with_venv, preprocessed_project, run_train
 
+# Two torchrun jobs of several epochs (about 110 s): make test-slow. The default suite keeps DDP's mechanics
+# with real gloo ranks: tests/training/test_consistency.py and the gradient test in test_memory_format.py.
+pytestmark = pytest.mark.slow
+
 # Both runs should learn the colour classes of preprocessed_project, so their accuracies are comparable. Memory
 # format is left at auto (channels_last on an AVX2 CPU), as a user's run has it.
 TRAIN = {

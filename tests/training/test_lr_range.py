@@ -38,6 +38,7 @@ def final_val_loss(p: Params, lr: float, out: Path) -> float:
     return read_json(out / "history.json")[-1]["val_loss"]
 
 
+@pytest.mark.slow  # 22 s of training; the rule itself is tested below
 def test_the_suggestion_trains_better_than_a_hundred_times_more_or_less(project: Params, tmp_path: Path) -> None:
     p = project
     sweep = lr_find.run(p, min_lr=1e-5, max_lr=10.0, steps=60, json_path=p.paths.lr_find_json,

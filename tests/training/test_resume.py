@@ -53,6 +53,7 @@ def copy_of(prepared: Path, tmp_path: Path) -> Path:
     return shutil.copytree(prepared, tmp_path / "repo", symlinks=True)
 
 
+@pytest.mark.slow  # 30 s; the two kills below resume in the default suite
 def test_kill_mid_epoch_under_dvc_repro_resumes(prepared: Path, uninterrupted: str, tmp_path: Path) -> None:
     repo = copy_of(prepared, tmp_path)
     killed = subprocess.run([sys.executable, "-m", "dvc", "repro", "train"], cwd=repo, capture_output=True,
