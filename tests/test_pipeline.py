@@ -84,9 +84,13 @@ def check_reproduced(repo: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True)  # fmt: skip
 
 
-def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(repo: Path, tmp_path: Path) -> None:
+def committed_record(repo: Path) -> None:
     dvc("repro", cwd=repo)  # a production run's record (an earlier test left an experiment's, not enforced)
-    commit(repo, "the run record")
+    commit(repo, "the run record", allow_empty=True)
+
+
+def test_check_reproduced_tells_identical_from_a_bug(repo: Path) -> None:
+    committed_record(repo)
     same = check_reproduced(repo)
     assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout
     lock = (repo / "dvc.lock").read_text()
@@ -100,6 +104,10 @@ def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(re
     finally:
         (repo / "dvc.lock").write_text(lock)
 
+
+@pytest.mark.slow  # 90 s: two trainings in the other precision; the message on its own: tests/test_lock_diff.py
+def test_check_reproduced_names_another_environment(repo: Path, tmp_path: Path) -> None:
+    committed_record(repo)
     # The same checkout told its CPU is the other kind (native bf16 or not): precision auto resolves the other
     # way, and exactly the stages that depend on train's record rerun.
     here = "bf16" if cpu_has_native_bf16() else "fp32"
@@ -113,9 +121,11 @@ def test_check_reproduced_tells_identical_a_bug_and_another_environment_apart(re
     assert again.returncode == 0 and again.stdout.startswith("identical"), again.stdout
 
     # A clone whose CPU says it is the other kind: precision auto resolves the other way, so train reruns there
-    # (its environment record is a dep) and check-reproduced names why the bytes differ.
+    # (its environment record is a dep) and check-reproduced names why the bytes differ. The clone shares the
+    # repo's DVC cache, as `dvc pull` would fill it: what the forced run above made comes from the run cache.
     clone = tmp_path / "clone"
     sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
+    dvc("cache", "dir", "--local", str(repo / ".dvc" / "cache"), cwd=clone)
     proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=clone, capture_output=True, text=True,
                           env={**env_with_venv(), NATIVE_BF16_ENV: told})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -82,9 +82,10 @@ def sh(args: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedPr
     return proc
 
 
-def commit(repo: Path, message: str) -> None:
+def commit(repo: Path, message: str, *, allow_empty: bool = False) -> None:
     sh(["git", "add", "-A"], cwd=repo)
-    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message], cwd=repo)
+    empty = ["--allow-empty"] if allow_empty else []
+    sh(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message, *empty], cwd=repo)
 
 
 def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:

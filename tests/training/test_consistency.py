@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,9 @@ import torch.multiprocessing as mp
 from tasks.core.errors import StageError
 from tasks.training import consistency
 from tasks.training.distributed import World
+from tests.helpers.prefect import free_port
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -46,7 +40,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_every_rank_agrees_names_the_odd_rank_on_every_rank(tmp_path: Path) -> None:
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):  # every rank raises, so no rank waits in a collective the other never reaches
         lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
         assert lines[0] == "same: agreed"

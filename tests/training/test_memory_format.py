@@ -4,7 +4,6 @@ belongs (tasks/training/optim.py): the rules, a step under each format, and chec
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tasks.training.checkpoint import Checkpointer, RunIdentity
 from tasks.training.models import build_model
 from tasks.training.optim import build_optimizer
 from tasks.training.precision import NATIVE_BF16_ENV, Precision, resolve_memory_format, resolve_precision
+from tests.helpers.prefect import free_port
 from tests.helpers.training import CPU, SPEC, batch, make_trainer, weights
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
@@ -144,10 +144,7 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
 
 
 def test_ddp_under_channels_last_averages_the_ranks_gradients(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_ddp_rank, args=(port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_ddp_rank, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in (0, 1):
         worst, contiguous = (tmp_path / f"rank{rank}.txt").read_text().split()
         assert float(worst) <= 1e-6, (rank, worst)
