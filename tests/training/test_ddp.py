@@ -22,7 +22,7 @@ from tests.helpers.project import env_with_venv, preprocessed_project, run_train
 pytestmark = pytest.mark.slow
 
 # Both runs should learn the colour classes of preprocessed_project, so their accuracies are comparable. Memory
-# format is left at auto (channels_last on an AVX2 CPU), as a user's run has it.
+# format is left at auto (channels_last on an AVX2 or a bf16 CPU), as a user's run has it.
 TRAIN = {
     "arch": "resnet18",
     "epochs": 3,
@@ -67,9 +67,9 @@ def check_two_process_run(repo: Path, one: Path, proc: subprocess.CompletedProce
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     (ckpt_dir,) = (repo / "runs" / "checkpoints").iterdir()
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.pt", "last.pt"]
-    # The best epoch's val accuracy, not the last's: on 22 val images the last epoch swings from 0.68 to 1.0 with
-    # the seed, for one process as for two and for either memory format (four seeds each), while every run's best
-    # epoch reached 1.0. A DDP that averaged wrong gradients or skipped samples would not.
+    # The best epoch's val accuracy, not the last's: on 22 val images one process's last epoch swung from 0.68 to
+    # 1.0 with the seed, in either memory format (four seeds each), while every best epoch reached 1.0. A DDP that
+    # averaged wrong gradients or skipped samples would not.
     assert meta["best"]["metric"] == single["best"]["metric"] == "val_accuracy"
     one_best, two_best = single["best"]["value"], meta["best"]["value"]
     assert one_best >= 0.9 and two_best >= 0.9 and abs(two_best - one_best) <= 0.1, (one_best, two_best)
