@@ -21,13 +21,14 @@ from typing import Any
 import torch
 
 from tasks.core.cli import stage_main
+from tasks.core.environment import stage_code
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file, write_json
 from tasks.core.params import Params, TrainParams, derive_seed, section_hash
 from tasks.images.shards import MANIFEST
 from tasks.training import consistency, distributed
 from tasks.training.batches import first_batch, write_batch_grids
-from tasks.training.checkpoint import Checkpointer, prune_runs, run_identity
+from tasks.training.checkpoint import Checkpointer, prune_runs, run_identity, training_environment
 from tasks.training.dynamics import Dynamics
 from tasks.training.hooks import Hooks, hooks_from_env, planted
 from tasks.training.loop import EpochLoop, validate
@@ -155,10 +156,15 @@ def _setup(
     identity = run_identity(params, seed=start.seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
                             init_sha256=built.transfer["sha256"] if built.transfer else None,
                             device_type=device.type, precision=precision.name,
-                            memory_format=precision.memory_format)  # fmt: skip
+                            memory_format=precision.memory_format, code=_train_code(),
+                            environment=training_environment(device, threads))  # fmt: skip
     checkpointer = Checkpointer(out.checkpoints / identity.name, identity, hooks)
     optimizer, schedule = start.optimizer(built.module, steps_per_epoch=data.sampler.steps_per_epoch)
     payload = checkpointer.load() if params.resume else None
+    if payload is None and params.resume and world.is_main:
+        other = checkpointer.other_run()
+        if other:
+            log.info("training from step 0: no checkpoint of this run (%s); %s", identity.name, other)
     consistency.same_checkpoint(payload["progress"]["step"] if payload else None, checkpointer.directory, world)
     if not params.resume and world.is_main:
         checkpointer.discard()
@@ -179,6 +185,14 @@ def _setup(
              params.batch_size, params.batch_size // (world.size * runner.stats.accumulation),
              runner.stats.accumulation, world.size)  # fmt: skip
     return Setup(start, data, precision, built, runner, checkpointer, telemetry, payload)
+
+
+def _train_code() -> dict[str, str]:
+    """The code this process runs, as dvc.yaml lists the train stage's deps: file -> md5."""
+    try:
+        return stage_code("train", Path(__file__).resolve().parents[1])
+    except (OSError, ValueError) as exc:
+        raise StageError(f"the train stage's code cannot be hashed for the run identity: {exc}") from None
 
 
 def _main(p: Params, *, join: bool = False) -> None:

@@ -11,19 +11,22 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import random
 import re
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from tasks.core.environment import LIBRARIES, library_versions
 from tasks.core.errors import StageError
-from tasks.core.io import atomic_file, fsync_dir, sha256_file
+from tasks.core.io import atomic_file, fsync_dir, read_json, sha256_file, write_json
+from tasks.core.nested import flatten
 from tasks.core.params import TrainParams
 from tasks.training.hooks import Hooks
 
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 3  # 2: the step runner's counters apart from the loop's position; 3: training dynamics
 LAST, BEST = "last.pt", "best.pt"
+IDENTITY = "identity.json"  # what the run's identity covers, so that another run can say why it differs
 # Train params left out of the run identity, so changing them (say, auto_batch after an OOM, or more
 # workers) still resumes the interrupted run. None changes the weights, except `compile`, whose fused
 # kernels round differently: a checkpoint loads with or without it, by design.
@@ -46,12 +50,38 @@ class CheckpointError(StageError):
 
 @dataclass(frozen=True)
 class RunIdentity:
-    params_sha256: str  # the train params that shape the weights, the seed, init weights, device, precision, torch
+    params_sha256: str  # the train params that shape the weights, the seed, init weights, device, precision
     data_sha256: str  # the shard manifest
+    code_sha256: str = ""  # the train stage's code, as dvc.yaml lists it
+    environment_sha256: str = ""  # library versions, CPU capability, threads: what changes the arithmetic
+    parts: dict[str, Any] = field(default_factory=dict, compare=False)  # what each hash covers, for the why
 
     @property
     def name(self) -> str:
-        return hashlib.sha256(f"{self.params_sha256}:{self.data_sha256}".encode()).hexdigest()[:16]
+        key = f"{self.params_sha256}:{self.data_sha256}"
+        if self.code_sha256 or self.environment_sha256:
+            key += f":{self.code_sha256}:{self.environment_sha256}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    def hashes(self) -> dict[str, str]:
+        return {"params": self.params_sha256, "data": self.data_sha256, "code": self.code_sha256,
+                "environment": self.environment_sha256}  # fmt: skip
+
+
+def _sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def training_environment(device: torch.device, threads: int) -> dict[str, Any]:
+    """What of the machine changes the weights this process computes: the train stage's libraries, the
+    kernels torch dispatches to on this CPU, and the intra-op threads (they split the reductions)."""
+    env: dict[str, Any] = {"python": platform.python_version(), "libraries": library_versions(LIBRARIES["train"]),
+                           "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
+    if device.type == "cpu":
+        env["threads"] = threads
+    else:
+        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device))
+    return env
 
 
 def run_identity(
@@ -63,15 +93,32 @@ def run_identity(
     device_type: str,
     precision: str = "fp32",
     memory_format: str = "contiguous",
+    code: dict[str, str] | None = None,
+    environment: dict[str, Any] | None = None,
 ) -> RunIdentity:
-    """What the weights depend on. The resolved precision and memory format and torch's version are part of it
-    (auto resolves to bf16 or channels_last on one CPU, fp32 or contiguous on another): a run never resumes, or
-    takes as finished, another one's checkpoint."""
+    """What the weights depend on: the params, data and start weights; the resolved precision and memory
+    format (auto resolves to bf16 or channels_last on one CPU, fp32 or contiguous on another); the train
+    stage's code (`code`: file -> md5) and its environment (`environment`: libraries, CPU, threads). A run
+    never resumes, or takes as finished, a checkpoint that any of these differ from."""
     shaping = params.model_dump(mode="json", exclude=set(OPERATIONAL))
-    blob = json.dumps({"train": shaping, "seed": seed, "init": init_sha256, "device": device_type,
-                       "precision": precision, "memory_format": memory_format, "torch": torch.__version__},
-                      sort_keys=True)  # fmt: skip
-    return RunIdentity(hashlib.sha256(blob.encode()).hexdigest(), data_sha256)
+    described = {"train": shaping, "seed": seed, "init": init_sha256, "device": device_type, "precision": precision,
+                 "memory_format": memory_format, "torch": torch.__version__}  # fmt: skip
+    code = code if code is not None else {}
+    environment = environment if environment is not None else {}
+    return RunIdentity(
+        _sha256_json(described), data_sha256, _sha256_json(code) if code else "",
+        _sha256_json(environment) if environment else "",
+        parts={"params": described, "data": data_sha256, "code": code, "environment": environment},
+    )  # fmt: skip
+
+
+def identity_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """`code tasks/training/augment.py`, `environment libraries.torch`, `params train.lr`, `data`: what
+    differs between two identities' parts, by name."""
+    flat_a, flat_b = flatten(theirs), flatten(mine)
+    keys = sorted(k for k in set(flat_a) | set(flat_b) if flat_a.get(k) != flat_b.get(k))
+    return [key.replace(".", " ", 1) if key.startswith(("code.", "environment.", "params.")) else key
+            for key in keys]  # fmt: skip
 
 
 def capture_rng(loader_state: torch.Tensor) -> dict[str, Any]:
@@ -130,7 +177,8 @@ def prune_runs(checkpoint_dir: Path, *, keep: int, current: str) -> list[Path]:
         if folder.name == current or not folder.is_dir() or folder.is_symlink() or not RUN_NAME.fullmatch(folder.name):
             continue
         files = list(folder.iterdir())
-        if not files or not all(f.is_file() and (f.name in (LAST, BEST) or f.name.startswith(".")) for f in files):
+        ours = (LAST, BEST, IDENTITY)
+        if not files or not all(f.is_file() and (f.name in ours or f.name.startswith(".")) for f in files):
             continue  # not (only) ours: leave it
         runs.append((max(f.stat().st_mtime_ns for f in files), folder.name, folder))
     runs.sort(reverse=True)
@@ -160,6 +208,23 @@ class Checkpointer:
         for path in (self.last, self.best):
             path.unlink(missing_ok=True)
 
+    def other_run(self) -> str | None:
+        """Why this run starts from step 0 although checkpoints are there: the newest other run's folder
+        and what differs from it (code, environment, params, data), or None when there is no other run."""
+        parent = self.directory.parent
+        found = parent.iterdir() if parent.is_dir() else ()
+        others = [f for f in found if f != self.directory and (f / LAST).is_file()]
+        if not others:
+            return None
+        newest = max(others, key=lambda f: (f / LAST).stat().st_mtime_ns)
+        try:
+            theirs = read_json(newest / IDENTITY)["parts"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{newest / LAST} is of another run (written before runs recorded their identity)"
+        differ = identity_differences(self.identity.parts, theirs)
+        shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+        return f"{newest / LAST} is of another run: {shown or 'its identity'} changed"
+
     def remove_partial_writes(self) -> None:
         """Temporary files of a save that was killed: never loaded, removed before the next save."""
         for path in self.directory.glob(".*.tmp-*"):
@@ -184,17 +249,14 @@ class Checkpointer:
             log.warning("%s: a checkpoint of format %s, this code reads format %s; starting this run fresh",
                         path, payload["format"], FORMAT)  # fmt: skip
             return None
-        mine, theirs = self.identity, (payload["params_sha256"], payload["data_sha256"])
-        if theirs != (mine.params_sha256, mine.data_sha256):
-            what = " and ".join(
-                label
-                for label, a, b in (("params", theirs[0], mine.params_sha256), ("data", theirs[1], mine.data_sha256))
-                if a != b
-            )
+        mine = self.identity.hashes()
+        theirs = {key: payload.get(f"{key}_sha256", "") for key in mine}
+        differ = [key for key in mine if theirs[key] != mine[key]]
+        if differ:
+            shown = ", ".join(f"{key} {theirs[key][:12] or '(none)'} vs {mine[key][:12] or '(none)'}" for key in differ)
             raise CheckpointError(
-                f"{path}: made from other {what} (params {theirs[0][:12]}, data {theirs[1][:12]}; this run: "
-                f"params {mine.params_sha256[:12]}, data {mine.data_sha256[:12]}); refusing to resume from it. "
-                "Set train.resume: false to start fresh (the checkpoint is then replaced)."
+                f"{path}: made from other {' and '.join(differ)} than this run ({shown}); refusing to resume "
+                "from it. Set train.resume: false to start fresh (the checkpoint is then replaced)."
             )
         return payload
 
@@ -208,8 +270,10 @@ class Checkpointer:
                 f"refusing to write a checkpoint: {bad} holds NaN/Inf; {self.last} is the last good one"
             )
         payload = {"format": FORMAT, **payload}
-        payload["params_sha256"], payload["data_sha256"] = self.identity.params_sha256, self.identity.data_sha256
+        payload.update({f"{key}_sha256": value for key, value in self.identity.hashes().items()})
         self.directory.mkdir(parents=True, exist_ok=True)
+        if self.identity.parts and not (self.directory / IDENTITY).is_file():
+            write_json(self.directory / IDENTITY, {**self.identity.hashes(), "parts": self.identity.parts})
         self.remove_partial_writes()
         self.saves += 1
         saves = self.saves

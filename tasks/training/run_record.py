@@ -69,6 +69,8 @@ def run_metadata(
         "run": identity.name,
         "params_sha256": identity.params_sha256,
         "data_sha256": identity.data_sha256,
+        "code_sha256": identity.code_sha256,  # the train stage's code files (dvc.yaml's deps), each md5 as dvc.lock
+        "environment_sha256": identity.environment_sha256,  # libraries, CPU capability, threads
         "recipe": recipe.to_json(),
         "device": precision.device_type,
         "precision": precision.name,

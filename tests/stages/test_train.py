@@ -66,7 +66,7 @@ def test_history_and_run_record(model: Path) -> None:
     for epoch in meta["coverage"]:  # every sample of the used global batches exactly once per epoch
         assert epoch["seen_once"] == steps * 16 and epoch["seen_more_than_once"] == 0
     run_dir = model.parent / "runs" / "checkpoints" / meta["run"]
-    assert sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "identity.json", "last.pt"]
     assert (model.parent / "runs" / "train" / meta["run"] / "profile.json").is_file()  # wall-clock, unversioned
 
 

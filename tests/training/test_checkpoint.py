@@ -3,6 +3,7 @@ RNG states round-trip; transfer-learning weights skip what does not fit and say 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from pathlib import Path
@@ -81,7 +82,7 @@ def test_other_params_or_data_are_refused_unless_starting_fresh(tmp_path: Path) 
     Checkpointer(tmp_path, IDENTITY).save(payload(), is_best=True)
     with pytest.raises(CheckpointError, match=r"made from other params .*refusing to resume.*train\.resume: false"):
         Checkpointer(tmp_path, RunIdentity("q" * 64, "d" * 64)).load()
-    with pytest.raises(CheckpointError, match=r"made from other data \(params pppp.*data dddd.*data eeee"):
+    with pytest.raises(CheckpointError, match=r"made from other data than this run \(data dddd\w* vs eeee"):
         Checkpointer(tmp_path, RunIdentity("p" * 64, "e" * 64)).load()
     fresh = Checkpointer(tmp_path, RunIdentity("q" * 64, "d" * 64))
     fresh.discard()
@@ -135,6 +136,43 @@ def test_run_identity_ignores_operational_params_only() -> None:
     formats = {run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu",
                             memory_format=name).params_sha256 for name in ("contiguous", "channels_last")}  # fmt: skip
     assert len(formats) == 2
+
+
+def test_run_identity_covers_the_code_and_the_environment(tmp_path: Path) -> None:
+    """A code change or another library, CPU or thread count is another run: its own folder, never resumed."""
+
+    def ident(code: dict[str, str], env: dict[str, object]) -> RunIdentity:
+        return run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu",
+                            code=code, environment=env)  # fmt: skip
+
+    code = {"tasks/train.py": "a" * 32, "tasks/training/augment.py": "b" * 32}
+    env = {"libraries": {"torch": "2.14.1", "numpy": "2.4.6"}, "cpu_capability": "AVX2", "threads": 2}
+    base = ident(code, env)
+    changed_code = ident({**code, "tasks/training/augment.py": "c" * 32}, env)
+    changed_env = ident(code, {**env, "threads": 1})
+    assert len({base.name, changed_code.name, changed_env.name}) == 3
+    assert changed_code.params_sha256 == base.params_sha256 and changed_code.code_sha256 != base.code_sha256
+    # A checkpoint of the other code, found in this run's folder, is refused by name.
+    Checkpointer(tmp_path / "x", base).save(payload(), is_best=False)
+    with pytest.raises(CheckpointError, match=r"made from other code than this run"):
+        Checkpointer(tmp_path / "x", changed_code).load()
+    # In its own folder, the new run finds no checkpoint and says which file made it another run.
+    fresh = Checkpointer(tmp_path / changed_code.name, changed_code)
+    assert fresh.load() is None
+    why = fresh.other_run()
+    assert why is not None and "code tasks/training/augment.py changed" in why and "x/last.pt" in why
+    why_env = Checkpointer(tmp_path / changed_env.name, changed_env).other_run()
+    assert why_env is not None and "environment threads changed" in why_env
+
+
+def test_stage_code_hashes_the_train_deps_dvc_yaml_lists() -> None:
+    from tasks.core.environment import stage_code
+    from tests.helpers.project import ROOT
+
+    code = stage_code("train", ROOT)
+    assert "tasks/training/augment.py" in code and "tasks/train.py" in code
+    assert all(path.startswith("tasks/") for path in code)
+    assert code["tasks/train.py"] == hashlib.md5((ROOT / "tasks/train.py").read_bytes()).hexdigest()
 
 
 def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> None:
