@@ -68,11 +68,13 @@ docs-build: setup
 # wrote, the uncached metrics and plots in reports/, and the params they came from. Then
 # `dvc metrics diff`, `dvc params diff` and `dvc exp show` compare against this run; `dvc push` shares
 # the cached outputs. Nothing is committed when nothing changed.
-# It refuses a recorded regression (ALLOW_REGRESSION=1 accepts it), a verdict `dvc exp run` recorded
-# without enforcing it, and a model trained with test hooks (tasks/release/gate.py).
+# It refuses a record that is not this workspace's run (a stage DVC says is not up to date, a verdict for
+# another ONNX or baseline, a failed export gate: tasks/tools/record.py), a recorded regression
+# (ALLOW_REGRESSION=1 accepts it), a verdict `dvc exp run` recorded without enforcing it, and a model
+# trained with test hooks (tasks/release/gate.py).
 MSG ?= pipeline run: dvc.lock and reports
 commit-run: setup
-	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.release.gate commit-run
+	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.commit_run
 	git add dvc.yaml dvc.lock params.yaml reports data models $(wildcard baseline)
 	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
 	else git commit -q -m "$(MSG)" && git log --oneline -1; fi

@@ -21,7 +21,7 @@ from tasks.core.io import atomic_file, read_json, write_json
 from tasks.core.params import Params, RegressionParams
 from tasks.core.paths import BASELINE_METRICS
 from tasks.release.parity import Check
-from tasks.release.production import load_baseline, load_verified_model
+from tasks.release.production import baseline_sha256, load_baseline, load_verified_model
 from tasks.release.scoring import score_split
 from tasks.release.verdict import Verdict, compare, format_table
 
@@ -68,6 +68,7 @@ def run(
         {
             **verdict.to_json(),
             "baseline": str(baseline_path),
+            "baseline_sha256": baseline_sha256(baseline_dir),  # what make promote and commit-run check it against
             "model": {"path": str(onnx_path), "onnx_sha256": model.sha256},
             "metrics": metrics,
         },

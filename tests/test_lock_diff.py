@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.helpers.project import ROOT, commit, make_project
@@ -72,8 +72,9 @@ def test_changed_params_and_code_are_named() -> None:
     assert "train: model.pt md5 x -> y" in lock_diff.differences(lock(), changed)
 
 
-def test_another_environment_is_named_with_the_metric_deltas(tmp_path: Path) -> None:
-    """A real git repository: the committed run's records, and this checkout's."""
+def test_another_environment_is_named_with_the_metric_deltas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real git repository: the committed run's records, and this checkout's (the dvc.lock files are
+    written by hand, so the comparison is called past the workspace check, which the pipeline tests cover)."""
     repo = make_project(tmp_path / "repo")
     record = {"stage": "train", "precision": "fp32", "threads": 2, "libraries": {"torch": "2.14.1"}}
     (repo / "reports/environment").mkdir(parents=True, exist_ok=True)
@@ -81,13 +82,22 @@ def test_another_environment_is_named_with_the_metric_deltas(tmp_path: Path) -> 
     (repo / "reports/metrics.json").write_text(json.dumps({"accuracy": 0.95, "macro_f1": 0.94}))
     (repo / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": lock()}))
     commit(repo, "the committed run")
-    script = [sys.executable, str(ROOT / "scripts" / "lock_diff.py")]
-    assert subprocess.run(script, cwd=repo, capture_output=True, text=True).returncode == 0
+    monkeypatch.chdir(repo)
+
+    class Run:
+        def __init__(self) -> None:
+            lines, self.returncode = lock_diff.compare("HEAD")
+            self.stdout = "\n".join(lines) + "\n"
+
+    for path, content in (("reports/export.json", {"agreement": 1.0}), ("reports/gate.json", {"verdict": "pass"})):
+        (repo / path).write_text(json.dumps(content))
+    commit(repo, "the committed run's other metric files")
+    assert Run().returncode == 0
 
     (repo / ENV).write_text(json.dumps({**record, "precision": "bf16", "libraries": {"torch": "2.15.0"}}))
     (repo / "reports/metrics.json").write_text(json.dumps({"accuracy": 0.948, "macro_f1": 0.945}))
     (repo / "dvc.lock").write_text(yaml.safe_dump({"schema": "2.0", "stages": lock("e2", "y", "n")}))
-    near = subprocess.run(script, cwd=repo, capture_output=True, text=True)
+    near = Run()
     assert near.returncode == 0, near.stdout
     assert "  train: precision bf16 here, fp32 in the committed run" in near.stdout
     assert "  train: libraries.torch 2.15.0 here, 2.14.1 in the committed run" in near.stdout
@@ -96,10 +106,20 @@ def test_another_environment_is_named_with_the_metric_deltas(tmp_path: Path) -> 
     assert near.stdout.strip().endswith("reproduced within tolerance in another environment")
 
     (repo / "reports/metrics.json").write_text(json.dumps({"accuracy": 0.90, "macro_f1": 0.945}))
-    far = subprocess.run(script, cwd=repo, capture_output=True, text=True)
+    far = Run()
     assert far.returncode == 1
     assert "accuracy: 0.9000 here, 0.9500 committed (delta -0.0500, tolerance 0.01): OUTSIDE" in far.stdout
     assert "NOT REPRODUCED: another environment moved the metrics beyond the tolerance" in far.stdout
+
+    # Every metric file is judged: the ONNX agreement, and the regression verdict, not accuracy alone.
+    (repo / "reports/metrics.json").write_text(json.dumps({"accuracy": 0.948, "macro_f1": 0.945}))
+    (repo / "reports/export.json").write_text(json.dumps({"agreement": 0.97}))
+    onnx = Run()
+    assert onnx.returncode == 1 and "export.json agreement: 0.9700 here, 1.0000 committed" in onnx.stdout
+    (repo / "reports/export.json").write_text(json.dumps({"agreement": 1.0}))
+    (repo / "reports/gate.json").write_text(json.dumps({"verdict": "regression"}))
+    gate = Run()
+    assert gate.returncode == 1 and "gate.json verdict: 'regression' here, 'pass' committed: OTHER" in gate.stdout
 
     # The environment differs, yet a stage with the same record wrote other bytes: still a bug.
     bug = lock("e2", "y", "n")

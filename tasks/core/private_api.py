@@ -82,3 +82,34 @@ def dvc_stage_status(path: Path, stage: str) -> list[Any]:
     with dvc_repo(path) as repo:  # addressed by its dvc.yaml: a bare name would resolve from the working directory
         found = repo.status(targets=[f"{Path(path).resolve() / 'dvc.yaml'}:{stage}"])
     return next(iter(found.values()), [])
+
+
+def dvc_stale_stages(path: Path) -> dict[str, list[str]]:
+    """Every stage that `dvc status` says is not what dvc.lock records, as one line per reason:
+    {"train": ["changed outs: models/model.pt (deleted)", "changed deps: params.yaml (train.lr)"]}. An
+    `always changed` stage (the environment check, the gate) counts only for what else changed about it.
+    {} means the workspace holds exactly the run dvc.lock records."""
+    with dvc_repo(path) as repo:
+        found = repo.status()
+    stale: dict[str, list[str]] = {}
+    for name, entries in found.items():
+        stage = name.rsplit(":", 1)[-1]
+        lines = []
+        for entry in entries:
+            if entry == "always changed" or not isinstance(entry, dict):
+                continue
+            for kind, what in entry.items():
+                if isinstance(what, dict):
+                    items = [f"{p} ({_status_detail(d)})" for p, d in what.items()]
+                    lines.append(f"{kind}: {', '.join(items)}")
+                else:
+                    lines.append(f"{kind}: {what}")
+        if lines:
+            stale[stage] = lines
+    return stale
+
+
+def _status_detail(detail: Any) -> str:
+    if isinstance(detail, dict):  # a params file: {key: "modified" | "new" | "deleted"}
+        return ", ".join(f"{key} {state}" for key, state in detail.items())
+    return str(detail)

@@ -1,6 +1,5 @@
 """What make commit-run and make promote refuse: the recorded gate (reports/gate.json) and the model's marks.
-
-    python -m tasks.release.gate commit-run     # exit 1 with one line when this run must not be committed
+The commands themselves are tasks/tools/commit_run.py and tasks/tools/promote.py.
 
 commit-run keeps a run as the project's record: it refuses a verdict other than pass or no baseline,
 a verdict that `dvc exp run` recorded without enforcing it (run `make run` first: the gate then runs
@@ -8,19 +7,20 @@ enforced), and a model trained with test hooks. promote (tasks/tools/promote.py)
 model trained with test hooks; a baseline of another test set is what promote is for.
 `ALLOW_REGRESSION=1` (make commit-run ALLOW_REGRESSION=1, make promote ALLOW_REGRESSION=1) accepts a
 recorded regression explicitly; nothing accepts test hooks.
+
+Both first refuse a record that is not this workspace's (tasks/tools/record.py): a stage that DVC's own status
+says is not up to date (a partial run such as `dvc repro export` after a params change), a verdict scored
+on another ONNX file or against another baseline than the one here now (a teammate's baseline pulled since),
+and a failed export gate (INT8 against fp32), whatever the verdict says, `different test set` included.
+Nothing overrides these: the fix is to run the pipeline (`dvc repro`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-from tasks.core.errors import StageError
-from tasks.core.io import read_json
-from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 
 OVERRIDE = "ALLOW_REGRESSION"
 ACCEPTED = ("pass", "no baseline")
@@ -48,6 +48,18 @@ def commit_refusal(gate: Mapping[str, Any], gate_path: Path, train_run: Mapping[
     return hooks_refusal(train_run.get("test_hooks"), "reports/train_run.json")
 
 
+def failed_export_gates(verdict: Mapping[str, Any]) -> list[str]:
+    """The export gates (INT8 vs fp32) the verdict holds that fail, judged again from value, op and limit."""
+    failed = []
+    for gate in verdict.get("export_gates") or []:
+        value, op, limit = gate.get("value"), gate.get("op"), gate.get("limit")
+        holds = isinstance(value, int | float) and isinstance(limit, int | float) and (
+            (op == ">=" and value >= limit) or (op == "<=" and value <= limit))  # fmt: skip
+        if not holds or gate.get("passed") is not True:
+            failed.append(f"{gate.get('name')} {value} (must be {op} {limit}, {gate.get('param')})")
+    return failed
+
+
 def promote_refusal(verdict: Mapping[str, Any], verdict_path: Path) -> str | None:
     """Why this run's model must not become the baseline, or None."""
     if verdict.get("verdict") == "regression" and not allowed_by_override():
@@ -56,31 +68,3 @@ def promote_refusal(verdict: Mapping[str, Any], verdict_path: Path) -> str | Non
             f"promoting would make the worse model the baseline. To do it anyway: `make promote {OVERRIDE}=1`"
         )
     return None
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return read_json(path)
-    except FileNotFoundError:
-        raise StageError(f"{path}: not there; run the pipeline first (make run)") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args != ["commit-run"]:
-        print("usage: python -m tasks.release.gate commit-run", file=sys.stderr)
-        return 2
-    try:
-        paths = load_params(PARAMS_FILE).paths
-        refusal = commit_refusal(_read(paths.gate), paths.gate, _read(paths.train_run))
-    except (ParamsError, StageError) as exc:
-        print(f"[commit-run] error: {exc}", file=sys.stderr)
-        return 2
-    if refusal:
-        print(f"[commit-run] refused: {refusal}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

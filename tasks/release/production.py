@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.errors import StageError
-from tasks.core.io import read_json
-from tasks.core.paths import BASELINE_METRICS, Paths
+from tasks.core.io import read_json, sha256_bytes, sha256_file
+from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, Paths
 from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
 
 
@@ -115,3 +115,14 @@ def load_baseline(baseline_dir: Path) -> dict[str, Any] | None:
     if not isinstance(baseline, dict):
         raise StageError(f"{path}: expected a JSON object of metrics, got {type(baseline).__name__}")
     return baseline
+
+
+def baseline_sha256(baseline_dir: Path) -> str | None:
+    """The promoted baseline as one hash: sha256 over the sha256 of each of its files (metrics, model record,
+    ONNX) that is there; None when nothing was promoted. A verdict records it, so a verdict computed against
+    another baseline (an older one, none, a teammate's pulled since) is never taken for this one's."""
+    files = [baseline_dir / name for name in (BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX)]
+    present = [(path.name, sha256_file(path)) for path in files if path.is_file()]
+    if not present:
+        return None
+    return sha256_bytes(json.dumps(present).encode())

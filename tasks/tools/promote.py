@@ -24,6 +24,7 @@ from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
 from tasks.images.shards import MANIFEST
 from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
 from tasks.release.production import load_verified_model
+from tasks.tools.record import record_refusal
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ def run(
 
 def _main(params: Params) -> None:
     paths = params.paths
+    refusal = record_refusal(paths)  # before anything is written: a refused promote leaves baseline/ as it was
+    if refusal:
+        raise StageError(f"refused: {refusal}")
     result = run(
         onnx_path=paths.onnx,
         model_path=paths.model,
