@@ -12,7 +12,17 @@ import yaml
 
 from tasks.training.precision import NATIVE_BF16_ENV, cpu_has_native_bf16
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import ROOT, commit, dvc, env_with_venv, make_project, ran_stages, sh, stale_stages
+from tests.helpers.project import (
+    ROOT,
+    commit,
+    dvc,
+    env_with_venv,
+    make_command,
+    make_project,
+    ran_stages,
+    sh,
+    stale_stages,
+)
 
 
 def lock_md5s(repo: Path) -> dict[str, str]:
@@ -95,14 +105,16 @@ def test_check_reproduced_tells_identical_from_a_bug(repo: Path) -> None:
     assert same.returncode == 0 and same.stdout.startswith("identical"), same.stdout
     lock = (repo / "dvc.lock").read_text()
     model_md5 = yaml.safe_load(lock)["stages"]["train"]["outs"][0]["md5"]
-    try:  # the same environment and inputs, other bytes: a bug, named by stage and file
-        (repo / "dvc.lock").write_text(lock.replace(model_md5, "0" * 32))
-        bug = check_reproduced(repo)
-        assert bug.returncode == 1, bug.stdout
-        assert "NOT REPRODUCED with the same inputs and the same environment" in bug.stdout
-        assert "  train: models/model.pt" in bug.stdout
-    finally:
-        (repo / "dvc.lock").write_text(lock)
+    # The committed run had other bytes from the same environment and inputs: a bug, named by stage and file.
+    # (This workspace holds its own run, as its dvc.lock says; the record at HEAD is the one that differs.)
+    (repo / "dvc.lock").write_text(lock.replace(model_md5, "0" * 32))
+    commit(repo, "a record with other model bytes")
+    (repo / "dvc.lock").write_text(lock)
+    bug = check_reproduced(repo)
+    assert bug.returncode == 1, bug.stdout
+    assert "NOT REPRODUCED with the same inputs and the same environment" in bug.stdout
+    assert "  train: models/model.pt" in bug.stdout
+    commit(repo, "the run record again")
 
 
 @pytest.mark.slow  # 90 s: two trainings in the other precision; the message on its own: tests/test_lock_diff.py
@@ -139,3 +151,72 @@ def test_check_reproduced_names_another_environment(repo: Path, tmp_path: Path) 
     assert len(deltas) == 2 and all("committed (delta" in line for line in deltas), other.stdout
     within = all(line.endswith("within") for line in deltas)
     assert other.returncode == (0 if within else 1), other.stdout
+
+
+def test_check_reproduced_refuses_a_workspace_that_does_not_hold_the_run(repo: Path, tmp_path: Path) -> None:
+    """A fresh clone with nothing run, and a stage whose output is gone (failed or interrupted): two dvc.lock
+    files say nothing about outputs that are not there, so it names what is missing and exits 1."""
+    committed_record(repo)
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
+    fresh = check_reproduced(clone)
+    assert fresh.returncode == 1 and fresh.stdout.startswith("not comparable"), fresh.stdout
+    assert "  train: changed outs: models/model.pt (" in fresh.stdout and "identical" not in fresh.stdout
+    model = repo / "models" / "model.pt"
+    saved = model.read_bytes()
+    model.unlink()  # what DVC leaves of a train stage that failed: its outputs removed before the command ran
+    try:
+        interrupted = check_reproduced(repo)
+        assert interrupted.returncode == 1, interrupted.stdout
+        assert "  train: changed outs: models/model.pt (deleted)" in interrupted.stdout
+    finally:
+        model.write_bytes(saved)
+    assert check_reproduced(repo).stdout.startswith("identical")
+
+
+def head(repo: Path) -> str:
+    return sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
+
+
+def test_commit_run_refuses_a_partial_run(repo: Path) -> None:
+    """train.lr changed and only `dvc repro export` run: the verdict is the old model's, so the run is not
+    committed, and git is left as it was."""
+    committed_record(repo)
+    params = (repo / "params.yaml").read_text()
+    before = head(repo)
+    try:
+        changed = yaml.safe_load(params)
+        changed["train"]["lr"] = 0.02
+        (repo / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+        dvc("repro", "export", cwd=repo)
+        assert json.loads((repo / "reports/gate.json").read_text())["verdict"] == "no baseline"  # stale, still there
+        proc = subprocess.run(make_command("commit-run"), cwd=repo, capture_output=True, text=True,
+                              env=env_with_venv())  # fmt: skip
+        assert proc.returncode != 0, proc.stdout + proc.stderr
+        assert "[commit-run] refused: stage " in proc.stderr and "is not up to date by `dvc status`" in proc.stderr
+        assert "check_regression" in proc.stderr and "Run `dvc repro` (make run) first" in proc.stderr
+        assert head(repo) == before
+    finally:
+        (repo / "params.yaml").write_text(params)
+    dvc("repro", cwd=repo)
+
+
+def test_promote_refuses_a_verdict_computed_against_another_baseline(repo: Path) -> None:
+    """Scored with no baseline, then a teammate's baseline arrives: promote compares nothing, so it refuses
+    and leaves baseline/ byte for byte as it was."""
+    committed_record(repo)
+    assert json.loads((repo / "reports/regression.json").read_text())["baseline_sha256"] is None
+    theirs = {"metrics.json": json.dumps({"accuracy": 0.99, "macro_f1": 0.99}).encode(),
+              "model.json": json.dumps({"onnx_sha256": "f" * 64}).encode(), "model.onnx": b"their model"}  # fmt: skip
+    for name, data in theirs.items():
+        (repo / "baseline" / name).write_bytes(data)
+    try:
+        proc = subprocess.run(make_command("promote"), cwd=repo, capture_output=True, text=True, env=env_with_venv())
+        assert proc.returncode != 0, proc.stdout + proc.stderr
+        assert "refused: stage check_regression is not up to date by `dvc status`" in proc.stderr, proc.stderr
+        assert "changed deps: baseline (modified)" in proc.stderr
+        assert {name: (repo / "baseline" / name).read_bytes() for name in theirs} == theirs
+        assert not list((repo / "baseline").glob("*.dvc"))
+    finally:
+        for name in theirs:
+            (repo / "baseline" / name).unlink()

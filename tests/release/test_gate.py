@@ -1,12 +1,19 @@
-"""What make commit-run and make promote refuse (tasks/release/gate.py), and the override they name."""
+"""What make commit-run and make promote refuse (tasks/release/gate.py, tasks/tools/record.py), and the override
+they name."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tasks.release.gate import commit_refusal, hooks_refusal, promote_refusal
+from tasks.core.io import sha256_file, write_json
+from tasks.core.paths import Paths
+from tasks.release.gate import commit_refusal, failed_export_gates, hooks_refusal, promote_refusal
+from tasks.release.production import baseline_sha256
+from tasks.tools.record import record_refusal
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -46,3 +53,47 @@ def test_promote_refuses_a_regression_not_another_test_set(monkeypatch: pytest.M
     monkeypatch.setenv("ALLOW_REGRESSION", "1")
     assert promote_refusal(gate("regression"), Path("r")) is None
     assert hooks_refusal(None, "m") is None and "never the project's" in str(hooks_refusal("h", "models/model.onnx"))
+
+
+def test_a_failed_export_gate_is_found_whatever_the_recorded_passed_says() -> None:
+    ok = {"name": "onnx_int8.agreement", "op": ">=", "limit": 0.98, "value": 0.99, "passed": True, "param": "p"}
+    assert failed_export_gates({"verdict": "different test set", "export_gates": [ok]}) == []
+    lying = {**ok, "value": 0.5}  # recorded passed, but the value says otherwise
+    failed = {**ok, "value": 0.5, "passed": False}
+    for gate_record in (lying, failed):
+        assert failed_export_gates({"export_gates": [ok, gate_record]}) == [
+            "onnx_int8.agreement 0.5 (must be >= 0.98, p)"
+        ]
+
+
+def test_the_record_must_be_this_workspaces_onnx_and_baseline(tmp_path: Path) -> None:
+    """A real (empty) DVC repository, so DVC's status has nothing stale: the verdict's own hashes decide."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
+    paths = Paths(onnx=tmp_path / "model.onnx", reports=tmp_path / "reports", baseline=tmp_path / "baseline")
+    paths.onnx.write_bytes(b"this model")
+    paths.reports.mkdir()
+    record = {"model": {"onnx_sha256": sha256_file(paths.onnx)}, "baseline_sha256": None, "verdict": "no baseline",
+              "export_gates": []}  # fmt: skip
+    write_json(paths.regression_json, record)
+    assert record_refusal(paths, tmp_path) is None
+
+    paths.baseline.mkdir()
+    (paths.baseline / "metrics.json").write_text('{"accuracy": 0.99}')  # a teammate's baseline, pulled since
+    refusal = record_refusal(paths, tmp_path)
+    assert refusal is not None and "compared against baseline sha256 none, but" in refusal
+    assert refusal.endswith("run `dvc repro` (make run) so the gate compares this model with it")
+    write_json(paths.regression_json, {**record, "baseline_sha256": baseline_sha256(paths.baseline)})
+    assert record_refusal(paths, tmp_path) is None
+
+    paths.onnx.write_bytes(b"another model")
+    refusal = record_refusal(paths, tmp_path)
+    assert refusal is not None and f"scored ONNX sha256 {record['model']['onnx_sha256'][:12]}, but" in refusal
+    paths.onnx.write_bytes(b"this model")
+    failed = {"name": "onnx_int8.accuracy_drop", "op": "<=", "limit": 0.01, "value": 0.2, "passed": False,
+              "param": "int8.max_accuracy_drop"}  # fmt: skip
+    write_json(paths.regression_json, {**record, "baseline_sha256": baseline_sha256(paths.baseline),
+                                       "verdict": "different test set", "export_gates": [failed]})  # fmt: skip
+    refusal = record_refusal(paths, tmp_path)
+    assert refusal is not None and "export gate failed: onnx_int8.accuracy_drop 0.2" in refusal
+    assert "(verdict 'different test set')" in refusal
