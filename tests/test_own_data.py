@@ -6,6 +6,7 @@ The stages run as `dvc repro` runs them (preprocess -> train -> evaluate), on fo
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,12 @@ def test_subjects_off_centre_on_wide_and_tall_canvases_are_kept(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_a_pretrained_backbone_learns_a_small_shape_only_folder(tmp_path: Path) -> None:
-    """A resnet18 trained on other shapes, saved as torchvision saves its weights and planted where the loader
-    looks, stands in for the ImageNet file (nothing downloads in a test). From it, 3 classes of 60 shape-only
-    images (any colour, in noise and clutter) reach 0.9; from scratch they do not."""
+    """A resnet18 trained on other shapes, saved as torchvision saves its weights, stands in for the ImageNet file
+    (nothing downloads in a test). It is not torchvision's published file, so it comes in as your own weights do,
+    through train.init_from (train.pretrained refuses a file under torchvision's name whose hash is not the
+    published one). From it, 3 classes of 60 shape-only images (any colour, in noise and clutter) reach 0.9;
+    from scratch they do not."""
     import torch
-
-    from tasks.training.pretrained import published
 
     other = draw_offcentre_folder(tmp_path / "other", classes=len(SHAPES), per_class=90, seed=11, max_ratio=2.0,
                                   kinds=SHAPES[3:], cluttered=True)  # fmt: skip
@@ -103,22 +104,19 @@ def test_a_pretrained_backbone_learns_a_small_shape_only_folder(tmp_path: Path) 
     first = train.run(p.train, seed=p.seed, shard_dir=tmp_path / "other_shards", model_path=mine / "model.pt",
                       history_path=mine / "h.json", plot_path=mine / "h.png", runs_dir=mine / "runs",
                       provenance={})  # fmt: skip
-    weights = published("resnet18", "IMAGENET1K_V1")
-    folder = tmp_path / "pretrained"
-    folder.mkdir()
-    torch.save(torch.load(first.model_path, weights_only=True)["state_dict"], folder / weights.filename)
+    backbone = tmp_path / "backbone.pth"
+    torch.save(torch.load(first.model_path, weights_only=True)["state_dict"], backbone)
 
     source = draw_offcentre_folder(tmp_path / "shapes", classes=3, per_class=60, seed=12, max_ratio=2.0, cluttered=True)
-    tuned, run, _ = run_default_recipe(source, tmp_path / "tuned", train_update={"pretrained": "IMAGENET1K_V1"},
-                                       pretrained_dir=folder)  # fmt: skip
+    tuned, run, _ = run_default_recipe(source, tmp_path / "tuned", train_update={"init_from": str(backbone)})
     scratch, _, _ = run_default_recipe(source, tmp_path / "scratch")
     choices = run["recipe"]["choices"]
     print(f"3 x 60 shape-only: pretrained {tuned['accuracy']:.4f} ({run['recipe']['summary']}), from scratch "
           f"{scratch['accuracy']:.4f}, on {tuned['num_samples']} test images; the backbone's own task "
           f"{first.val_accuracy:.4f}")  # fmt: skip
-    assert run["pretrained"]["weights"] == "resnet18.IMAGENET1K_V1" and run["pretrained"]["published_file"] is False
+    assert run["init_from"]["sha256"] == hashlib.sha256(backbone.read_bytes()).hexdigest()
     assert choices["freeze_epochs"]["value"] == 1 and choices["backbone_lr_scale"]["value"] == 0.1
-    assert "fine-tuning from train.pretrained" in choices["lr"]["why"]
+    assert "fine-tuning from train.init_from" in choices["lr"]["why"]
     assert first.val_accuracy >= 0.9 and tuned["accuracy"] >= 0.9 > scratch["accuracy"]
 
 

@@ -5,6 +5,8 @@ The weights are named as torchvision names them (`IMAGENET1K_V1`, `DEFAULT`, ...
 (`resnet18-f37072fd.pth`, whose `-<hex>.` is the start of its sha256) in paths.pretrained. `make add-weights`
 puts it there (`dvc import-url` of its URL, or `dvc add` of a copy you have) and a second machine gets it
 with `dvc pull`: nothing downloads at run time. Every tensor but the classifier head must match train.arch.
+A file under torchvision's name whose sha256 does not start with the hash in that name is refused before it
+is loaded: your own weights are `train.init_from`, never the published name.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torchvision.models import get_model_weights, get_weight
 
 from tasks.core.errors import StageError
+from tasks.core.io import sha256_file
 from tasks.core.params import TrainParams
 from tasks.images.imaging import PreprocessSpec
 from tasks.training.checkpoint import load_init_weights
@@ -94,6 +97,14 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
             f"train.pretrained {weights.name}: {path} is missing; `dvc pull {path}.dvc` if it is in the remote, "
             f"else `{weights.add_command()}` on a machine with internet (downloads {weights.url})"
         )
+    digest = sha256_file(path)
+    if not is_published(digest, weights):  # refused before a byte is loaded: the name promises the published file
+        raise WeightsError(
+            f"train.pretrained {weights.name}: {path} is not the file torchvision publishes (its sha256 {digest[:12]} "
+            f"does not start with {weights.sha256_prefix}, the hash in its name); to start from your own weights, "
+            f"move the file elsewhere and point train.init_from at it, or `{weights.add_command()}` brings the "
+            "published one"
+        )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
@@ -111,10 +122,6 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
             "right file"
         )
     record = load_init_weights(model, path, what="train.pretrained")
-    if not is_published(record["sha256"], weights):
-        log.warning("train.pretrained: %s is not the file torchvision publishes (its sha256 %s does not start with "
-                    "%s): your own weights under its name; the model's provenance says so", path,
-                    record["sha256"][:12], weights.sha256_prefix)  # fmt: skip
     return {**record, "weights": f"{weights.arch}.{weights.name}", "url": weights.url,
             "published_file": is_published(record["sha256"], weights)}  # fmt: skip
 

@@ -5,6 +5,7 @@ torchvision publishes it with, where the loader looks (paths.pretrained)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from tasks.core.errors import StageError
 from tasks.core.params import ParamsError, parse_params
 from tasks.tools import add_weights
 from tasks.training.models import build_model
-from tasks.training.pretrained import WeightsError, check_spec, load_pretrained, published
+from tasks.training.pretrained import Published, WeightsError, check_spec, load_pretrained, published
 from tests.helpers.project import commit, dvc, make_project, sh
 
 RESNET18 = published("resnet18", "IMAGENET1K_V1")
@@ -27,6 +28,17 @@ def plant(folder: Path, model: torch.nn.Module, name: str = RESNET18.filename) -
     folder.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), folder / name)
     return folder / name
+
+
+def published_as(folder: Path, model: torch.nn.Module) -> tuple[Path, Published]:
+    """`model`'s state dict planted as torchvision publishes a file, under a name that carries its own sha256's
+    start, and the registry entry for it (RESNET18's, but for the URL): the loader's whole path, hash check
+    included, with a file the test makes."""
+    path = plant(folder, model, "staging.pth")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    name = f"{RESNET18.arch}-{digest[:8]}.pth"
+    path.rename(folder / name)
+    return folder / name, dataclasses.replace(RESNET18, url=f"{RESNET18.url.rsplit('/', 1)[0]}/{name}")
 
 
 def test_weights_resolve_through_torchvisions_registry() -> None:
@@ -55,24 +67,38 @@ def test_a_missing_file_names_the_command_and_the_url(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("other", ["mobilenet_v3_small", "resnet34"])
 def test_a_file_of_another_arch_is_refused(tmp_path: Path, other: str) -> None:
-    plant(tmp_path, getattr(torchvision.models, other)(weights=None))
+    _, weights = published_as(tmp_path, getattr(torchvision.models, other)(weights=None))
     model = build_model("resnet18", 3)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(WeightsError, match=r"resnet18-f37072fd.pth is not a resnet18 state dict: \d+ of its"):
-        load_pretrained(model, tmp_path, RESNET18)
+    with pytest.raises(WeightsError, match=rf"{weights.filename} is not a resnet18 state dict: \d+ of its"):
+        load_pretrained(model, tmp_path, weights)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # nothing was loaded
 
 
-def test_weights_load_all_but_the_head_and_say_they_are_not_the_published_file(tmp_path: Path) -> None:
+def test_weights_load_all_but_the_head(tmp_path: Path) -> None:
     torch.manual_seed(1)
     source = torchvision.models.resnet18(weights=None)  # 1000 classes, as ImageNet's
-    path = plant(tmp_path, source)
+    path, weights = published_as(tmp_path, source)
     model = build_model("resnet18", 3)
-    record = load_pretrained(model, tmp_path, RESNET18)
-    assert record["weights"] == "resnet18.IMAGENET1K_V1" and record["url"] == RESNET18.url
-    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and record["published_file"] is False
+    record = load_pretrained(model, tmp_path, weights)
+    assert record["weights"] == "resnet18.IMAGENET1K_V1" and record["url"] == weights.url
+    assert record["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() and record["published_file"] is True
     assert [s["name"] for s in record["skipped"]] == ["fc.weight", "fc.bias"]
     assert torch.equal(model.layer4[1].conv2.weight, source.layer4[1].conv2.weight)
+
+
+def test_a_file_under_torchvisions_name_that_is_not_the_published_one_is_refused(tmp_path: Path) -> None:
+    """Your own weights under the published name: refused before anything loads, naming train.init_from."""
+    path = plant(tmp_path, torchvision.models.resnet18(weights=None))
+    model = build_model("resnet18", 3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(WeightsError) as caught:
+        load_pretrained(model, tmp_path, RESNET18)
+    message = str(caught.value)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert "\n" not in message and f"{path} is not the file torchvision publishes (its sha256 {digest[:12]}" in message
+    assert "does not start with f37072fd" in message and "point train.init_from at it" in message
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_the_shards_normalisation_must_be_the_weights_own() -> None:
