@@ -7,9 +7,8 @@ is a dependency of its stage in dvc.yaml, and this stage is `always_changed`: DV
 with native bf16 therefore retrains (its train file says bf16), one with the same machine does not,
 and `make check-reproduced` names what differed from the committed run.
 
-check_regression's file also says whether the gate is enforced: not under `dvc exp run`, which
-records the verdict only. A production run after an experiment thus sees a changed file and reruns the
-gate, enforced, instead of reading the experiment's record.
+Whether the gate is enforced is not part of any record: check_regression is `always_changed` and
+decides it when it runs (not under `dvc exp run`, which records the verdict only).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from tasks.core.cli import stage_main
 from tasks.core.environment import (
     LIBRARIES,
     cpu_flags,
-    dvc_experiment,
     library_versions,
     machine,
     off_pin,
@@ -83,7 +81,6 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
             "threads": "onnxruntime's default",
             "cores": usable_cores(),
             "cpu_flags": flags,
-            "gate": "recorded only (dvc exp run)" if dvc_experiment() else "enforced",
         },  # fmt: skip
     }
     return {name: {"stage": name, **machine(), "libraries": library_versions(LIBRARIES[name]), **env}
@@ -98,8 +95,8 @@ def run(params: Params, out_dir: Path) -> dict[str, dict[str, Any]]:
     for name, record in resolved.items():
         write_json(out_dir / f"{name}.json", record)
     t = resolved["train"]
-    log.info("train: %s, %s, %s thread(s); torch %s; gate %s", t["device"], t.get("precision", "-"),
-             t.get("threads", "-"), t["libraries"]["torch"], resolved["check_regression"]["gate"])  # fmt: skip
+    log.info("train: %s, %s, %s thread(s); torch %s", t["device"], t.get("precision", "-"), t.get("threads", "-"),
+             t["libraries"]["torch"])  # fmt: skip
     return resolved
 
 

@@ -52,8 +52,10 @@ def test_repro_produces_every_output(repo: Path) -> None:
 
 def test_second_repro_changes_nothing(repo: Path) -> None:
     before = (repo / "dvc.lock").read_text()
-    out = dvc("repro", cwd=repo).stdout
-    assert ran_stages(out) == ["environment"], out
+    proc = dvc("repro", cwd=repo)
+    out = proc.stdout
+    assert ran_stages(out) == ["environment", "check_regression"], out  # both always_changed; the scores reused
+    assert "test scores of models/model.onnx reused from runs/check_regression/scores.json" in out + proc.stderr
     assert (repo / "dvc.lock").read_text() == before
     assert stale_stages(repo) == {}
 
@@ -220,3 +222,23 @@ def test_promote_refuses_a_verdict_computed_against_another_baseline(repo: Path)
     finally:
         for name in theirs:
             (repo / "baseline" / name).unlink()
+
+
+def test_the_single_item_gate_after_an_experiment_enforces_the_verdict(repo: Path) -> None:
+    """`dvc exp run` records a regression without enforcing it; `dvc repro -s check_regression` afterwards
+    (which does not run the environment stage) enforces it, as `dvc repro` does."""
+    committed_record(repo)
+    baseline = repo / "baseline" / "metrics.json"
+    baseline.write_text(json.dumps({"accuracy": 1.0, "macro_f1": 1.0}))
+    try:
+        experiment = dvc("exp", "run", cwd=repo)
+        assert "REGRESSION" in experiment.stdout + experiment.stderr
+        gate = json.loads((repo / "reports/gate.json").read_text())
+        assert gate["verdict"] == "regression" and gate["enforced"] is False
+        single = dvc("repro", "-s", "check_regression", cwd=repo, check=False)
+        assert single.returncode != 0, single.stdout + single.stderr
+        assert "[check_regression] REGRESSION: accuracy, macro_f1" in single.stderr
+        assert json.loads((repo / "reports/gate.json").read_text())["enforced"] is True
+    finally:
+        baseline.unlink()
+    dvc("repro", cwd=repo)

@@ -153,16 +153,19 @@ def test_a_regression_an_experiment_recorded_fails_every_production_run(
         assert "Pipeline finished" not in run.stdout
         assert read(repo_dir, "gate.json")["enforced"] is True
 
+        # The failed gate left check_regression out of date by DVC's status (its verdict is not in dvc.lock):
+        # neither the record nor the baseline moves.
         refused = subprocess.run(make_command("commit-run"), cwd=repo_dir, capture_output=True, text=True,
                                  env=env_with_venv())  # fmt: skip
         assert refused.returncode != 0
-        assert "[commit-run] refused: reports/gate.json records verdict 'regression'" in refused.stderr
-        assert "make commit-run ALLOW_REGRESSION=1" in refused.stderr
+        assert "[commit-run] refused: stage check_regression is not up to date by `dvc status`" in refused.stderr
         assert sh(["git", "log", "-1", "--format=%s"], cwd=repo_dir).stdout.strip() == "promoted a good model"
 
+        baseline = {p.name: p.read_bytes() for p in (repo_dir / "baseline").iterdir() if p.is_file()}
         promoted = subprocess.run(make_command("promote"), cwd=repo_dir, capture_output=True, text=True,
                                   env=env_with_venv())  # fmt: skip
-        assert promoted.returncode != 0 and "make promote ALLOW_REGRESSION=1" in promoted.stderr
+        assert promoted.returncode != 0 and "refused: stage check_regression is not up to date" in promoted.stderr
+        assert {p.name: p.read_bytes() for p in (repo_dir / "baseline").iterdir() if p.is_file()} == baseline
 
         with contextlib.chdir(repo_dir):
             state = train_flow(push=False, return_state=True)

@@ -175,7 +175,7 @@ def test_a_second_machine_pulls_serves_checks_and_goes_back_in_time(tmp_path: Pa
     assert md5s(two / "models") == first["model"]
     assert lock_outs(two, "preprocess") == first_preprocess
     repro = dvc("repro", cwd=two).stdout
-    assert ran_stages(repro) == ["environment"], repro
+    assert ran_stages(repro) == ["environment", "check_regression"], repro
     assert stale_stages(two) == {}
 
 

@@ -134,7 +134,11 @@ def test_second_run_skips_unchanged_stages_and_pushes_to_the_remote(trained: dic
     finally:
         dvc("remote", "remove", "store", cwd=repo)
     unchanged = {name: "unchanged" for name in load_stages(repo)}
-    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {**unchanged, "environment": "ran"}
+    assert {k: v for k, v in outcomes.items() if k != "dvc push"} == {
+        **unchanged,
+        "environment": "ran",
+        "check_regression": "ran",
+    }  # both always_changed
     assert outcomes["dvc push"] == "pushed to the default remote"
     # The remote holds the model: the same md5 that dvc.lock records for it.
     lock = yaml.safe_load((repo / "dvc.lock").read_text())

@@ -82,12 +82,14 @@ def test_production_run_crash_resume_and_nightly(production: Production, tmp_pat
     assert yaml.safe_load((repo / "dvc.lock").read_text()) == yaml.safe_load((plain / "dvc.lock").read_text())
     commit(repo, "first production run")
 
-    # 2. A second run skips every stage but the environment stage, which rechecks the machine every time.
+    # 2. A second run skips every stage but the environment stage, which rechecks the machine every time,
+    # and the gate, which enforces its verdict every time (its scores reused).
     proc, run = production.run_and_watch("train-flow/prod")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_json(repo / "reports/run_manifest.json")["stages"] == {
         **{name: "unchanged" for name in stages},
         "environment": "ran",
+        "check_regression": "ran",
         "dvc push": "no remote",
     }
 

@@ -93,11 +93,13 @@ def dvc(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProces
 
 
 def stale_stages(repo: Path) -> dict[str, Any]:
-    """`dvc status --json` without the environment stage's "always changed": it checks the machine on every
-    `dvc repro`, so DVC always lists it. {} means nothing is left for `dvc repro` to do."""
+    """`dvc status --json` without the "always changed" of the environment stage and the gate: they run on
+    every `dvc repro` (the machine check; the verdict's enforcement), so DVC always lists them. {} means
+    nothing else is left for `dvc repro` to do."""
     status = json.loads(dvc("status", "--json", cwd=repo).stdout or "{}")
-    if status.get("environment") == ["always changed"]:
-        del status["environment"]
+    for stage in ("environment", "check_regression"):
+        if status.get(stage) == ["always changed"]:
+            del status[stage]
     return status
 
 
