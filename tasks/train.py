@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from tasks.core.cli import stage_main
-from tasks.core.environment import stage_code
+from tasks.core.environment import NATIVE_BF16_ENV, cpu_facts_disagree, stage_code
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file, write_json
 from tasks.core.params import Params, TrainParams, derive_seed, section_hash
@@ -32,7 +32,7 @@ from tasks.training.checkpoint import Checkpointer, prune_runs, run_identity, tr
 from tasks.training.dynamics import Dynamics
 from tasks.training.hooks import Hooks, hooks_from_env, planted
 from tasks.training.loop import EpochLoop, validate
-from tasks.training.precision import Precision, resolve_precision
+from tasks.training.precision import Precision, cpu_has_native_bf16, resolve_precision
 from tasks.training.run_record import Outputs, model_provenance, run_metadata, write_outputs
 from tasks.training.runtime import cpu_threads, seed_everything, warn_if_cores_busy
 from tasks.training.start import Built, Data, Start, training_start
@@ -151,6 +151,11 @@ def _setup(
     epoch_one = data.generator.get_state()  # before a resume moves it: the grid shows the first batch
     built = start.model()
     precision = resolve_precision(params.precision, device, params.memory_format)
+    if device.type == "cpu":  # the environment record was resolved from /proc/cpuinfo: torch must agree with it
+        disagree = cpu_facts_disagree(torch.backends.cpu.get_cpu_capability(), cpu_has_native_bf16())
+        if disagree:
+            raise StageError(f"this CPU reads differently to torch and to the environment stage ({disagree}); set "
+                             f"{NATIVE_BF16_ENV}=0 or 1 to pin it, and report the CPU model")  # fmt: skip
     precision.place(built.module.to(device))
     wrapped, ddp = distributed.wrap(built.module, world, device, compile=params.compile)
     identity = run_identity(params, seed=start.seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),

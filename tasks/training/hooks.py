@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from tasks.core.environment import ALLOW_HOOKS_ENV, HOOKS_ENV
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file
 
-ENV = "IMAGEPIPE_TRAIN_HOOKS"
-ALLOW = "IMAGEPIPE_ALLOW_TEST_HOOKS"
+ENV, ALLOW = HOOKS_ENV, ALLOW_HOOKS_ENV
 
 
 class Hooks:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tasks.core.environment import NATIVE_BF16_ENV, cpu_memory_format, cpu_precision
 from tasks.core.private_api import cpu_native_bf16
 
 
@@ -59,7 +60,7 @@ class Precision:
         return torch.amp.GradScaler(self.device_type) if self.name == "fp16" else None
 
 
-NATIVE_BF16_ENV = "IMAGEPIPE_NATIVE_BF16"
+__all__ = ["NATIVE_BF16_ENV", "Precision", "cpu_has_native_bf16", "resolve_memory_format", "resolve_precision"]
 
 
 def cpu_has_native_bf16() -> bool:
@@ -70,11 +71,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_precision(requested: str, device: torch.device, memory_format: str = "contiguous") -> Precision:
-    if requested == "auto":
-        if device.type == "cuda":
-            requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        else:
-            requested = "bf16" if cpu_has_native_bf16() else "fp32"
+    """The CPU's rules are tasks/core/environment.py's (the environment stage applies them torch-free), fed
+    here with torch's own answers."""
+    if requested == "auto" and device.type == "cuda":
+        requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    elif device.type != "cuda":
+        requested = cpu_precision(requested, cpu_has_native_bf16())
     return Precision(requested, device.type, resolve_memory_format(memory_format, requested, device))
 
 
@@ -87,7 +89,4 @@ def resolve_memory_format(requested: str, precision: str, device: torch.device) 
         return requested
     if device.type == "cuda":
         return "channels_last" if precision in ("bf16", "fp16") else "contiguous"
-    if precision == "bf16" and cpu_has_native_bf16():
-        return "channels_last"
-    fp32_pays = precision == "fp32" and torch.backends.cpu.get_cpu_capability() == "AVX2"
-    return "channels_last" if fp32_pays else "contiguous"
+    return cpu_memory_format(requested, precision, cpu_has_native_bf16(), torch.backends.cpu.get_cpu_capability())

@@ -11,7 +11,9 @@ import random
 import numpy as np
 import torch
 
-from tasks.core.environment import usable_cores
+from tasks.core.environment import cpu_threads, usable_cores
+
+__all__ = ["cpu_threads", "seed_everything", "usable_cores", "warn_if_cores_busy"]
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +28,6 @@ def seed_everything(seed: int, threads: int, device: torch.device) -> None:
     # Some CUDA kernels (adaptive pooling backward) have no deterministic version: warn there, don't fail.
     torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
     torch.set_num_threads(threads)
-
-
-def cpu_threads(requested: int, processes_per_node: int) -> int:
-    """train.threads, or (0) the cores split between this node's processes."""
-    return requested or max(1, usable_cores() // processes_per_node)
 
 
 def warn_if_cores_busy(threads: int, processes_per_node: int = 1) -> float:

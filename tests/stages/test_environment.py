@@ -2,15 +2,42 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
 import pytest
 import yaml
 
-from tasks.core.environment import LIBRARIES, off_pin, pinned
+from tasks.core.environment import (
+    LIBRARIES,
+    WRITES_NO_OUTPUT,
+    cpu_capability,
+    cpu_features,
+    cpu_flags,
+    may_have_cuda,
+    native_bf16,
+    off_pin,
+    pinned,
+)
 from tasks.environment import resolve
 from tests.helpers.project import ROOT
 from tests.helpers.serving import PARAMS
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
+
+
+def imports_of(path: Path) -> set[str]:
+    """The absolute module names `path` imports, also inside functions."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
 
 
 def test_every_stage_gets_a_record_with_its_libraries() -> None:
@@ -44,3 +71,50 @@ def test_a_library_off_its_pin_is_named() -> None:
     assert pins["torch"] == "2.14.1"
     assert off_pin({"torch": "2.14.1"}, pins) == {}
     assert off_pin({"torch": "2.15.0"}, pins) == {"torch": "2.15.0 (constraints.txt pins 2.14.1)"}
+
+
+def test_every_library_a_stages_code_imports_is_in_its_record() -> None:
+    """The record names every library whose code can write bytes into a stage's outputs: each third-party
+    distribution that the stage's code deps (dvc.yaml) import is in LIBRARIES, or declared as writing none."""
+    distributions = packages_distributions()
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, libraries in LIBRARIES.items():
+        modules = set()
+        for dep in stages[name]["deps"]:
+            if isinstance(dep, str) and dep.startswith("tasks/") and dep.endswith(".py"):
+                modules |= {m.split(".")[0] for m in imports_of(ROOT / dep)}
+        imported = {d.lower() for m in modules for d in distributions.get(m, [])}
+        missing = imported - set(libraries) - set(WRITES_NO_OUTPUT)
+        assert not missing, f"{name}: its code imports {sorted(missing)}, which its environment record does not name"
+
+
+def test_the_torch_free_cpu_facts_are_torchs_own_answers() -> None:
+    """The environment stage reads the CPU from /proc/cpuinfo by torch's rules; on this machine they must give
+    what torch gives, as the train stage checks on every run."""
+    import torch
+
+    from tasks.core.private_api import cpu_native_bf16
+
+    features = cpu_features()
+    assert cpu_capability(features) in (None, torch.backends.cpu.get_cpu_capability())
+    assert native_bf16(features) == cpu_native_bf16()
+    assert cpu_capability({"avx2", "fma", "avx512f"}, "x86_64") == "AVX2"  # no avx512vl/bw/dq: not AVX512
+    assert cpu_capability({"avx512vl", "avx512bw", "avx512dq", "fma", "avx2"}, "x86_64") == "AVX512"
+    assert cpu_capability({"asimd", "sve"}, "aarch64") is None  # torch answers there
+    assert cpu_flags(Path("/nonexistent")) == []
+
+
+def test_aarch64_features_are_read(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm aes sve asimddp bf16 i8mm\n")
+    assert cpu_flags(cpuinfo) == ["asimd", "asimddp", "sve", "bf16", "i8mm"]
+
+
+def test_the_stage_imports_no_torch_on_a_machine_without_a_gpu() -> None:
+    """A no-op `dvc repro` runs this stage every time: without a GPU in sight it must not pay torch's import."""
+    if may_have_cuda() or cpu_capability(cpu_features()) is None:
+        pytest.skip("a GPU or a non-x86 CPU: the stage asks torch here, by design")
+    code = "import sys; from tasks.environment import resolve; from tasks.core.params import Params; " \
+           "resolve(Params()); print('torch' in sys.modules)"  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
