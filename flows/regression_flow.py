@@ -18,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.states import Failed, State
 
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
+from flows.shell import refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
 from tasks.release.inference import ModelIntegrityError
@@ -68,6 +69,7 @@ def regression_flow(revision: str | None = None) -> dict[str, Any] | State:
     promoted model; its expected hash is then the one its export stage recorded. It runs in the checkout
     its deployment names (the working directory).
     """
+    refuse_overriding_env("regression-flow")
     logger = get_run_logger()
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)

@@ -51,3 +51,43 @@ def output(command: Sequence[str], *, cwd: Path) -> str | None:
     """stdout of a short query command, or None when it fails (no git repository, no commit yet)."""
     proc = subprocess.run(list(command), cwd=cwd, env=stage_env(), capture_output=True, text=True)
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+# Environment variables that change what a production run records or runs: the gate (`dvc exp run`'s
+# DVC_EXP_NAME makes check_regression record a verdict without enforcing it; ALLOW_REGRESSION accepts one),
+# the training hooks (test code loaded into the train stage, and the faults they plant), and the checkout
+# a placed stage runs in. A flow run's job variables could set them on a worker; the work pools' base job
+# template (flows/process_pool_template.json) no longer lets a flow run set any `env`, and the flows refuse
+# to start when one is there all the same (a worker started with it, an older pool).
+OVERRIDING_ENV = {
+    "DVC_EXP_NAME": "the regression gate (set by `dvc exp run`: the verdict would be recorded, not enforced)",
+    "ALLOW_REGRESSION": "the regression gate (accepts a regression)",
+    "IMAGEPIPE_TRAIN_HOOKS": "the training hooks (test code loaded into the train stage)",
+    "IMAGEPIPE_ALLOW_TEST_HOOKS": "the training hooks",
+    "IMAGEPIPE_FAULT": "the training hooks (planted faults)",
+    "IMAGEPIPE_CHECKOUT": "the checkout a stage runs in",
+}
+
+
+class OverriddenEnvironment(RuntimeError):
+    """A flow's environment carries a variable that changes the gate, the hooks or the checkout."""
+
+
+CHECKOUT_ENV = "IMAGEPIPE_CHECKOUT"  # a worker's own checkout (scripts/prefect.sh worker): run-stage's pull step
+
+
+def refuse_overriding_env(flow: str) -> None:
+    """Raise, in one line naming each variable and what it changes, when this process's environment holds a
+    variable of OVERRIDING_ENV. IMAGEPIPE_CHECKOUT is the worker's own setting (run-stage's pull step moves into
+    it), so it passes when it names the directory the flow runs in, and only then."""
+    found = [name for name in OVERRIDING_ENV if os.environ.get(name) is not None]
+    checkout = os.environ.get(CHECKOUT_ENV)
+    if checkout is not None and Path(checkout).resolve() == Path.cwd().resolve():
+        found.remove(CHECKOUT_ENV)
+    if found:
+        named = "; ".join(f"{name} (changes {OVERRIDING_ENV[name]})" for name in found)
+        raise OverriddenEnvironment(
+            f"{flow} refuses to run with {named} in its environment: a production run neither sets nor inherits "
+            "it. Unset it where the worker was started, and check the work pool's job variables "
+            "(`prefect work-pool inspect`)"
+        )

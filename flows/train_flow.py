@@ -30,7 +30,7 @@ from flows.dag import Stage, load_stages
 from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
 from flows.placement import StageCrashed, check_dvc_remote, check_git_remote, check_placement, placed_stage
-from flows.shell import stage_env, stream
+from flows.shell import refuse_overriding_env, stage_env, stream
 from flows.stage import StageFailed, dvc_command, run_stage
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, Params, load_params
@@ -115,6 +115,7 @@ def train_flow(
     It runs in the checkout its deployment names (the working directory): no parameter points it at
     another repository. `remote` and `git_remote` are names of this checkout's configured remotes.
     """
+    refuse_overriding_env("train-flow")
     logger = get_run_logger()
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)

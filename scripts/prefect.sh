@@ -91,10 +91,13 @@ server)
 pool)
   require_server
   for pool in $("$PYTHON" -c 'import yaml; print(*sorted({d["work_pool"]["name"] for d in yaml.safe_load(open("prefect.yaml"))["deployments"]}))'); do
+    # The pools' base job template (flows/process_pool_template.json) fixes the command, the environment and
+    # the working directory: a flow run's job variables cannot override them (the server refuses the run).
     if prefect work-pool inspect "$pool" >/dev/null 2>&1; then
-      echo "work pool $pool exists"
+      prefect work-pool update "$pool" --base-job-template flows/process_pool_template.json >/dev/null
+      echo "work pool $pool exists: base job template set (flows/process_pool_template.json)"
     else
-      prefect work-pool create "$pool" --type process
+      prefect work-pool create "$pool" --type process --base-job-template flows/process_pool_template.json
     fi
   done
   ;;

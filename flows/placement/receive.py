@@ -32,6 +32,7 @@ from flows.placement.protocol import (
     environment_files,
     result_message,
 )  # fmt: skip
+from flows.shell import refuse_overriding_env
 from flows.stage import run_stage
 from tasks.core.io import atomic_file
 from tasks.core.params import PARAMS_FILE, load_params
@@ -84,6 +85,7 @@ def run_stage_flow(
     Every parameter is checked before git or DVC sees it: `git_remote` and `dvc_remote` are names of
     this checkout's configured remotes, `commit` a full 40-hex id on one of the git remote's branches,
     `files` only dvc.lock and params.yaml, `stage` a stage of that commit's dvc.yaml."""
+    refuse_overriding_env("run-stage")
     logger = get_run_logger()
     repo = Path.cwd()
     check_files(files)
