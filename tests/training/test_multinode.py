@@ -111,7 +111,7 @@ def test_two_nodes_match_one_node_with_two_processes_and_dvc_records_it(prepared
     status = dvc("status", "train", "--json", cwd=nodes.head).stdout
     assert yaml.safe_load(status) == {}, status
     (ckpt_dir,) = nodes.shared.iterdir()  # the one shared checkpoint folder
-    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.pt", "last.pt"]
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["best.pt", "identity.json", "last.pt"]
 
 
 def test_a_node_lost_mid_epoch_stops_both_and_the_rerun_resumes_to_the_same_weights(

@@ -91,7 +91,7 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "step 2 of 8 (epoch 1, batch 2 of 4)" in rerun.stdout
     assert md5(repo / "models" / "model.pt") == uninterrupted
-    assert not partial.exists() and sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "last.pt"]
+    assert not partial.exists() and sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "identity.json", "last.pt"]
 
 
 @pytest.mark.slow
