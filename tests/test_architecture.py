@@ -17,7 +17,6 @@ Every import counts, also one inside a function.
 
 from __future__ import annotations
 
-import ast
 import re
 import subprocess
 import sys
@@ -27,22 +26,12 @@ import pytest
 import yaml
 
 from tests.helpers.project import ROOT
+from tests.helpers.source import imports_of
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
 TORCH = ("torch", "torchvision")
 TRAINING_STACK = (*TORCH, "pyarrow", "dvc", "prefect")
-
-
-def imports_of(path: Path) -> set[str]:
-    """Every module name `path` imports (`from a.b import c` gives a.b and a.b.c)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return names
 
 
 def source_of(module: str, root: Path = ROOT) -> Path | None:

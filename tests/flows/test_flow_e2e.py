@@ -9,7 +9,6 @@ nightly deployment's cron schedule, and a planted worse model failing it with th
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,12 +24,11 @@ from tasks.core.io import read_json, sha256_file, write_json
 from tests.helpers.prefect import (
     RULES,
     Production,
-    free_port,
     kill_worker_and_its_runs,
-    prefect_env,
+    production_project,
     worsen_onnx,
 )
-from tests.helpers.project import ROOT, TINY, commit, deep_update, dvc, make_project, sh, stale_stages, write_params
+from tests.helpers.project import TINY, commit, deep_update, dvc, make_project, sh, stale_stages, write_params
 
 pytestmark = pytest.mark.slow
 
@@ -41,19 +39,8 @@ UPDATE: dict[str, Any] = {"regression": {"rules": RULES}, "train": {"checkpoint_
 @pytest.fixture
 def production(tmp_path: Path) -> Iterator[Production]:
     """A committed tiny project with prefect.yaml and scripts/, and a server, pool, deployments and worker."""
-    repo = make_project(tmp_path / "repo", UPDATE)
-    shutil.copytree(ROOT / "scripts", repo / "scripts")
-    shutil.copy2(ROOT / "prefect.yaml", repo / "prefect.yaml")
-    commit(repo, "the project")
-    env = prefect_env(tmp_path / "prefect-home", free_port(), IMAGEPIPE_CRASH_AFTER_S=str(CRASH_AFTER_S))
-    env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PREFECT_SERVER_API_PORT']}/api"
-    prod = Production(repo, env)
-    try:
-        for step in ("server", "pool", "deploy", "worker"):
-            prod.script(step)
+    with production_project(tmp_path, UPDATE, IMAGEPIPE_CRASH_AFTER_S=str(CRASH_AFTER_S)) as prod:
         yield prod
-    finally:
-        prod.script("stop")
 
 
 def test_production_run_crash_resume_and_nightly(production: Production, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ from typing import Any
 import pytest
 
 from flows.shell import OVERRIDING_ENV, OverriddenEnvironment, refuse_overriding_env
-from tests.helpers.prefect import Production, free_port, prefect_env
-from tests.helpers.project import ROOT, commit, make_project
+from tests.helpers.prefect import Production, free_port, production_project
+from tests.helpers.project import ROOT, make_project
 
 TEMPLATE = json.loads((ROOT / "flows" / "process_pool_template.json").read_text())
 OVERRIDES = [{"env": {"DVC_EXP_NAME": "x"}}, {"env": {"IMAGEPIPE_CHECKOUT": "/tmp"}},
@@ -86,20 +85,8 @@ def test_the_server_refuses_a_flow_run_that_overrides_command_env_or_working_dir
 
 @pytest.fixture
 def production(tmp_path: Path) -> Iterator[Production]:
-    repo = make_project(tmp_path / "repo")
-    shutil.copytree(ROOT / "scripts", repo / "scripts")
-    shutil.copytree(ROOT / "flows", repo / "flows", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / "prefect.yaml", repo / "prefect.yaml")
-    commit(repo, "the project")
-    env = prefect_env(tmp_path / "prefect-home", free_port())
-    env["PREFECT_API_URL"] = f"http://127.0.0.1:{env['PREFECT_SERVER_API_PORT']}/api"
-    prod = Production(repo, env)
-    try:
-        for step in ("server", "pool", "deploy", "worker"):
-            prod.script(step)
+    with production_project(tmp_path) as prod:
         yield prod
-    finally:
-        prod.script("stop")
 
 
 def _pool(production: Production, name: str) -> Any:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -160,6 +162,27 @@ class Production:
     def run_and_watch(self, deployment: str) -> tuple[subprocess.CompletedProcess[str], Any]:
         proc = self.prefect("deployment", "run", deployment, "--watch")
         return proc, self.latest_run(deployment.split("/")[1])
+
+
+@contextlib.contextmanager
+def production_project(work: Path, update: dict[str, Any] | None = None, **env: str) -> Iterator[Production]:
+    """A committed tiny project with prefect.yaml and scripts/, and its server, pools, deployments and worker
+    started by scripts/prefect.sh as a user starts them; stopped on exit."""
+    from tests.helpers.project import ROOT, commit, make_project
+
+    repo = make_project(work / "repo", update)
+    shutil.copytree(ROOT / "scripts", repo / "scripts")
+    shutil.copy2(ROOT / "prefect.yaml", repo / "prefect.yaml")
+    commit(repo, "the project")
+    settings = prefect_env(work / "prefect-home", free_port(), **env)
+    settings["PREFECT_API_URL"] = f"http://127.0.0.1:{settings['PREFECT_SERVER_API_PORT']}/api"
+    prod = Production(repo, settings)
+    try:
+        for step in ("server", "pool", "deploy", "worker"):
+            prod.script(step)
+        yield prod
+    finally:
+        prod.script("stop")
 
 
 def kill_worker_and_its_runs(home: Path) -> float:

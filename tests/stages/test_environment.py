@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from importlib.metadata import packages_distributions
@@ -25,19 +24,9 @@ from tasks.core.environment import (
 from tasks.environment import resolve
 from tests.helpers.project import ROOT
 from tests.helpers.serving import PARAMS
+from tests.helpers.source import imports_of
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
-
-
-def imports_of(path: Path) -> set[str]:
-    """The absolute module names `path` imports, also inside functions."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
 
 
 def test_every_stage_gets_a_record_with_its_libraries() -> None:
