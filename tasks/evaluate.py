@@ -22,8 +22,8 @@ from tasks.core.params import EvaluateParams, Params
 from tasks.core.paths import Paths
 from tasks.core.plots import plot_confusion, plot_image_grid, plot_per_class
 from tasks.images.imaging import PreprocessSpec
+from tasks.images.layout import data_layout
 from tasks.images.shards import SPLITS, ShardSplit, load_manifest
-from tasks.images.validation import SOURCE, TEST_SOURCE
 from tasks.training.models import load_model_file, predict_logits
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def run(
     dynamics_path: Path,
     roots: dict[str, str] | None = None,
 ) -> EvaluateResult:
-    """`roots`: the folder each manifest root was read from (data.source, data.test_source), so that
+    """`roots`: the folder each manifest root was read from (tasks.images.layout), so that
     label_errors.json names files a user can open; the error-analysis files go beside metrics_path."""
     names = Paths(reports=metrics_path.parent)
     model, spec, _ = load_model_file(model_path)
@@ -90,7 +90,8 @@ def _label_errors(
     params: EvaluateParams, roots: dict[str, str] | None, dynamics_path: Path, path: Path,
 ) -> None:  # fmt: skip
     """Every accepted image of every split, ranked by a score from a model that did not learn it."""
-    entries = sorted(load_manifest(shard_dir)["files"], key=lambda e: (SPLITS.index(e["split"]), e["index"]))
+    manifest = load_manifest(shard_dir)
+    entries = sorted(manifest["files"], key=lambda e: (SPLITS.index(e["split"]), e["index"]))
     blocks = []
     for split in SPLITS:
         if split not in scored:
@@ -98,7 +99,7 @@ def _label_errors(
                 model, ShardSplit.open(shard_dir, split).all_images(), spec, params.batch_size
             )
         blocks.append(scored[split])
-    roots = roots or {root: root for root in {entry["root"] for entry in entries}}
+    roots = roots or {e["root"]: e["root"] for e in entries}
     dynamics = read_json(dynamics_path)
     aum, p_given = np.asarray(dynamics["aum"]), np.asarray(dynamics["p_given"])
     if len(aum) != sum(entry["split"] == "train" for entry in entries):
@@ -108,7 +109,8 @@ def _label_errors(
                                   train_aum=aum, train_p_given=p_given,
                                   times_trained=np.asarray(dynamics["times_trained"]))  # fmt: skip
     write_json(path, {
-        "rule": "every accepted image ranked by its score, lowest first: its given label's logit minus the largest "
+        "rule": f"the {len(ranking)} lowest-scoring of the {len(entries)} accepted images (evaluate.label_errors), "
+                "lowest first; the score: its given label's logit minus the largest "
                 f"other one, judged out of sample. Val and test images, and training images no step drew: "
                 f"{HELD_OUT}. Training images: {DURING_TRAINING}, {dynamics['rule']}",
         "images_scored": len(entries), "likely_label_errors": ranking,
@@ -124,7 +126,7 @@ def _main(p: Params) -> None:
         confusion_json=p.paths.confusion_json,
         confusion_png=p.paths.confusion_png,
         dynamics_path=p.paths.train_dynamics,
-        roots={SOURCE: str(p.data.source), TEST_SOURCE: str(p.data.test_source)},
+        roots={role: str(folder) for role, folder in data_layout(p.data, p.paths.generated).roots},
     )
 
 

@@ -21,7 +21,8 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir
 from tasks.core.params import GenerateParams, Params, derive_seed
 from tasks.images import synth
-from tasks.images.validation import check_data_folders, unversioned_source
+from tasks.images.layout import check_data_folders
+from tasks.images.validation import unversioned_source
 
 log = logging.getLogger(__name__)
 

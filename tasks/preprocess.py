@@ -23,6 +23,7 @@ from tasks.core.io import atomic_dir, dumps_json
 from tasks.core.params import Params, PreprocessParams, derive_seed
 from tasks.images.aspect import Aspect, choose_resize
 from tasks.images.imaging import PreprocessSpec
+from tasks.images.layout import Layout, check_data_folders, read_layout
 from tasks.images.report import check_usable, log_summary
 from tasks.images.shards import (
     FORMAT_VERSION,
@@ -35,15 +36,13 @@ from tasks.images.shards import (
 )
 from tasks.images.splits import Plan, plan, split_of
 from tasks.images.validation import (
-    SOURCE,
     TEST_SOURCE,
+    VAL_SOURCE,
     Candidate,
     CheckConfig,
     Checked,
     Hashed,
-    check_data_folders,
     check_file,
-    class_folders,
     discover,
     fixed_test_folder,
     hash_file,
@@ -63,30 +62,14 @@ class PreprocessResult:
     out_dir: Path
 
 
-def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, ...]) -> None:
-    src, test = source.resolve(), test_source.resolve()
-    if src == test or src in test.parents or test in src.parents:
-        raise StageError(f"data.test_source {test_source} and data.source {source} overlap; use separate folders")
-    extra = sorted(set(class_folders(test_source, what="data.test_source")) - set(class_names))
-    if extra:
-        raise StageError(
-            f"data.test_source {test_source}: class folders {extra} are not classes of data.source {source} "
-            f"({list(class_names)})"
-        )
-
-
-def _collect(
-    source: Path, test_source: Path | None
-) -> tuple[tuple[str, ...], list[Candidate], list[Hashed], list[dict[str, str]], tuple[tuple[str, Path], ...]]:
-    class_names = class_folders(source, what="data.source", at_least=2)
-    candidates, sizes, ignored = discover(source, role=SOURCE, class_names=class_names)
-    roots = [(SOURCE, source)]
-    if test_source is not None:
-        _check_test_folder(source, test_source, class_names)
-        more, more_sizes, more_ignored = discover(test_source, role=TEST_SOURCE, class_names=class_names)
+def _collect(layout: Layout) -> tuple[list[Candidate], list[Hashed], list[dict[str, str]]]:
+    candidates: list[Candidate] = []
+    sizes: list[Hashed] = []
+    ignored: list[dict[str, str]] = []
+    for role, folder in layout.roots:
+        more, more_sizes, more_ignored = discover(folder, role=role, class_names=layout.class_names)
         candidates, sizes, ignored = candidates + more, sizes + more_sizes, ignored + more_ignored
-        roots.append((TEST_SOURCE, test_source))
-    return class_names, candidates, sizes, ignored, tuple(roots)
+    return candidates, sizes, ignored
 
 
 def _bar(items: Any, total: int, desc: str) -> Any:
@@ -99,9 +82,12 @@ def run(
 ) -> PreprocessResult:  # fmt: skip
     """`centred`: every subject of `source` is known to lie in the image's central square (the embedded default
     data, tasks/images/synth.py draws it so): `resize: auto` then crops whatever the aspect ratios."""
-    source = Path(source)
-    test_source = Path(test_source) if test_source is not None else None
-    class_names, candidates, hashes, ignored, roots = _collect(source, test_source)
+    layout = read_layout(Path(source), Path(test_source) if test_source is not None else None)
+    log.info("data.source %s: %s, since %s", source, layout.kind, layout.why)
+    if layout.missing_line():
+        log.warning("data.source %s: %s", source, layout.missing_line())
+    class_names, roots = layout.class_names, layout.roots
+    candidates, hashes, ignored = _collect(layout)
     _hash_same_size(params.workers, roots, candidates, hashes)
     todo = plan(candidates, hashes, class_names)
     resize = _choose_resize(params, roots, todo, centred)
@@ -120,9 +106,8 @@ def run(
             for split in SPLITS
         }
         sizes = {(item.root, item.path): hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
-        files, quarantined, shapes = _decode_and_write(
-            params, spec, roots, todo, sizes, writers, split_seed, test_source is not None
-        )
+        files, quarantined, shapes = _decode_and_write(params, spec, roots, todo, sizes, writers, split_seed,
+                                                       layout.fixed)  # fmt: skip
         resize["aspect_ratios"] = Aspect.of(shapes).to_json()  # of the accepted images, as decoded
         shards = {split: writer.close() for split, writer in writers.items()}
         quarantined.extend(todo.refused)
@@ -137,9 +122,8 @@ def run(
             raise RuntimeError(f"preprocess accounting does not balance: {counts}")  # a bug, never bad data
         labels = {split: [f["label"] for f in files if f["split"] == split] for split in SPLITS}
         split_counts = {split: len(labels[split]) for split in SPLITS}
-        check_usable(source, test_source, class_names, files, split_counts, quarantined)
-        manifest = _manifest(params, seed, spec, test_source is not None, counts, todo, split_counts, labels,
-                             shards, files, resize)  # fmt: skip
+        check_usable(layout, files, split_counts, quarantined)
+        manifest = _manifest(params, seed, spec, layout, counts, todo, split_counts, labels, shards, files, resize)
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
         (tmp / QUARANTINE).write_text(dumps_json(report))
@@ -187,12 +171,12 @@ def _hash_same_size(workers: int, roots: Any, candidates: list[Candidate], hashe
 
 
 def _manifest(
-    params: PreprocessParams, seed: int, spec: PreprocessSpec, has_test_folder: bool, counts: dict[str, int],
+    params: PreprocessParams, seed: int, spec: PreprocessSpec, layout: Layout, counts: dict[str, int],
     todo: Plan, split_counts: dict[str, int], labels: dict[str, list[int]], shards: dict[str, Any],
     files: list[dict[str, Any]], resize: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
-    """manifest.json: format, spec (and why its resize), split rule, counts, shards, the frozen test set and
-    every accepted file."""
+    """manifest.json: format, spec (and why its resize), the folders' layout, split rule, counts, shards, the
+    frozen test set and every accepted file."""
     class_names = spec.class_names
     test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
     return {
@@ -202,12 +186,14 @@ def _manifest(
         "class_names": list(class_names),
         "spec": spec.model_dump(mode="json"),
         "resize": resize,
+        "layout": layout.to_json(),
         "split_rule": {
             "by": "sha256 of the file's bytes and the seed",
             "seed": seed,
-            "val_fraction": params.val_fraction,
-            "test_fraction": 0.0 if has_test_folder else params.test_fraction,
-            "test": "data.test_source" if has_test_folder else "hash range",
+            "val_fraction": 0.0 if "val" in layout.fixed else params.val_fraction,
+            "test_fraction": 0.0 if "test" in layout.fixed else params.test_fraction,
+            "val": _rule(layout, VAL_SOURCE),
+            "test": _rule(layout, TEST_SOURCE),
         },
         "counts": counts,
         "duplicate_groups": len(todo.duplicates),
@@ -236,7 +222,7 @@ def _decode_and_write(
     sizes: dict[tuple[str, str], int],
     writers: dict[str, ShardWriter],
     split_seed: int,
-    fixed_test: bool,
+    fixed: frozenset[str],
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[tuple[int, int]]]:
     """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards.
 
@@ -265,10 +251,10 @@ def _decode_and_write(
         if changed:
             raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
         digest = digest or checked.digest
-        if item.root == TEST_SOURCE:
-            split = "test"
+        if item.root in FIXED_SPLIT:
+            split = FIXED_SPLIT[item.root]
         else:
-            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed_test=fixed_test)
+            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed=fixed)
         writers[split].add(checked.array, item.label)
         shapes.append(checked.shape)
         files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split]})
@@ -277,6 +263,16 @@ def _decode_and_write(
             {**c.where(), "reason": "duplicate", "detail": f"same bytes as {name}, which is kept"} for c in copies
         )
     return files, quarantined, shapes
+
+
+FIXED_SPLIT = {VAL_SOURCE: "val", TEST_SOURCE: "test"}
+
+
+def _rule(layout: Layout, role: str) -> str:
+    folder = layout.folder(role)
+    if folder is None:
+        return "hash range"
+    return "data.test_source" if layout.kind == "class folders" else f"folder {folder.name}"
 
 
 def _main(p: Params) -> None:

@@ -10,30 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.errors import StageError
+from tasks.images.layout import Layout
 from tasks.images.shards import QUARANTINE
 from tasks.images.splits import Plan
-from tasks.images.validation import SOURCE
+from tasks.images.validation import SOURCE, TEST_SOURCE
 
 log = logging.getLogger(__name__)
 
 
 def check_usable(
-    source: Path,
-    test_source: Path | None,
-    class_names: tuple[str, ...],
-    files: list[dict[str, Any]],
-    split_counts: dict[str, int],
-    quarantined: list[dict[str, str]],
+    layout: Layout, files: list[dict[str, Any]], split_counts: dict[str, int], quarantined: list[dict[str, str]]
 ) -> None:
-    """Every class has a usable image of data.source, and both the train and the test split have images."""
+    """Every class has a usable training image, and both the train and the test split have images."""
+    class_names, source, test_source = layout.class_names, layout.folder(SOURCE), layout.folder(TEST_SOURCE)
     empty = sorted(set(class_names) - {class_names[f["label"]] for f in files if f["root"] == SOURCE})
     if empty:
         refused = Counter(q["path"].split("/", 1)[0] for q in quarantined if q["root"] == SOURCE)
         detail = ", ".join(f"{name} ({refused[name]} quarantined)" for name in empty)
         raise StageError(f"data.source {source}: class folders with no usable image: {detail}")
     if not split_counts["train"] or not split_counts["test"]:
-        where = f"data.test_source {test_source}" if test_source is not None and not split_counts["test"] else (
-            f"data.source {source}")  # fmt: skip
+        where = f"data.source {source}"
+        if test_source is not None and not split_counts["test"]:
+            where = f"{'data.test_source' if layout.kind == 'class folders' else 'data.source'} {test_source}"
         raise StageError(f"{where}: too few usable images to fill the train and test splits ({split_counts})")
 
 

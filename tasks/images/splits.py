@@ -2,7 +2,7 @@
 
 A file's split is a function of its bytes and the seed alone, so adding files never moves an
 existing one. Files with the same bytes form a group: one copy is kept (a fixed-test-folder copy
-first, then the first path), the others are quarantined as `duplicate`; a group whose copies sit
+first, then a val folder's, then the first path), the others are quarantined as `duplicate`; a group whose copies sit
 in different classes is quarantined whole as `conflicting_duplicate`, since its label is unknown.
 """
 
@@ -11,22 +11,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tasks.core.params import derive_seed
-from tasks.images.validation import TEST_SOURCE, Candidate, Hashed
+from tasks.images.validation import TEST_SOURCE, VAL_SOURCE, Candidate, Hashed
 
 
 def split_of(
-    file_sha256: str, seed: int, val_fraction: float, test_fraction: float, *, fixed_test: bool = False
+    file_sha256: str, seed: int, val_fraction: float, test_fraction: float, *, fixed: frozenset[str] = frozenset()
 ) -> str:
-    """train/val/test from the file's hash and the seed alone.
+    """train/val/test from the file's hash and the seed alone, for a file of the train (or only) folder.
 
     A uniform number u in [0, 1) drawn from (seed, hash): u < test_fraction is test, the next
-    val_fraction is val, the rest train. With a fixed test folder the test range goes to train,
-    so switching `data.test_source` on or off never moves an image in or out of val.
+    val_fraction is val, the rest train. A split that a folder fixes (`fixed`: a test folder, a val
+    folder) gets none of these files: its range goes to train, so switching `data.test_source` on or
+    off never moves an image in or out of val.
     """
     u = derive_seed(seed, "split", file_sha256) / 2**63
-    if u < test_fraction:
-        return "train" if fixed_test else "test"
-    return "val" if u < test_fraction + val_fraction else "train"
+    split = "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
+    return "train" if split in fixed else split
 
 
 @dataclass
@@ -56,7 +56,7 @@ def plan(candidates: list[Candidate], hashes: list[Hashed], class_names: tuple[s
         else:
             groups.setdefault(hashed.digest, []).append(item)
     for digest, members in groups.items():
-        members = sorted(members, key=lambda m: (m.root != TEST_SOURCE, m.root, m.path))
+        members = sorted(members, key=lambda m: (m.root != TEST_SOURCE, m.root != VAL_SOURCE, m.root, m.path))
         if len(members) == 1:
             out.decode.append((members[0], digest))
             continue

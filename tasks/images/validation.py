@@ -21,14 +21,14 @@ from tasks.core.io import sha256_and_size, sha256_bytes
 from tasks.core.params import DataParams
 from tasks.images.imaging import ImageError, PreprocessSpec, decode_image, is_image_name, to_square
 
-SOURCE, TEST_SOURCE = "source", "test_source"
+SOURCE, VAL_SOURCE, TEST_SOURCE = "source", "val_source", "test_source"
 
 
 @dataclass(frozen=True)
 class Candidate:
     """An image-named file inside a class folder; `path` is "<class>/.../<file>" under its root."""
 
-    root: str  # SOURCE or TEST_SOURCE
+    root: str  # SOURCE, VAL_SOURCE or TEST_SOURCE (tasks.images.layout)
     path: str
     label: int
 
@@ -87,16 +87,6 @@ def class_folders(root: Path, *, what: str, at_least: int = 0) -> tuple[str, ...
 def fixed_test_folder(data: DataParams, generated: Path) -> Path | None:
     """data.test_source, or None while it is left at paths.generated (the 'no test folder' value)."""
     return None if Path(data.test_source).resolve() == Path(generated).resolve() else Path(data.test_source)
-
-
-def check_data_folders(data: DataParams, generated: Path) -> None:
-    """Preflight of the folders a user typed (data.source, data.test_source), before any stage works:
-    DVC itself would only fail later, at the preprocess stage, with a bare `[Errno 2]`."""
-    if Path(data.source).resolve() != Path(generated).resolve():
-        class_folders(data.source, what="data.source", at_least=2)
-    test_source = fixed_test_folder(data, generated)
-    if test_source is not None:
-        class_folders(test_source, what="data.test_source", at_least=1)
 
 
 def unversioned_source(data: DataParams, generated: Path, repo: Path = Path()) -> str | None:

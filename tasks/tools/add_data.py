@@ -1,11 +1,12 @@
 """`make add-data SRC=/path/to/images NAME=pets`: an ImageFolder becomes versioned data of this project.
 
-SRC is checked as an ImageFolder (at least two class folders), copied to data/raw/NAME (written beside
-it and renamed in, so a failed copy leaves nothing that looks complete), `dvc add`ed, and params.yaml's
-`data.source` is pointed at it (DVC's own params writer, the one `dvc exp run -S` uses, so the rest
-of the file stays as it is). SRC itself is never modified. Then commit data/raw/NAME.dvc,
-data/raw/.gitignore and params.yaml, and `dvc push` stores the images: any commit can rebuild its
-model from the data it was trained on. The server's review folder (data/review) comes in the same way.
+SRC is checked as an ImageFolder (at least two class folders, or split folders train/val/test holding them),
+copied to data/raw/NAME (written beside it and renamed in, so a failed copy leaves nothing that looks
+complete), `dvc add`ed, and params.yaml's `data.source` is pointed at it (DVC's own params writer, the one
+`dvc exp run -S` uses, so the rest of the file stays as it is). SRC itself is never modified. Then commit
+data/raw/NAME.dvc, data/raw/.gitignore and params.yaml, and `dvc push` stores the images: any commit can
+rebuild its model from the data it was trained on. The server's review folder (data/review) comes in the same
+way.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.params import PARAMS_FILE, Params
 from tasks.core.private_api import set_params
-from tasks.images.validation import class_folders
+from tasks.images.layout import read_layout
 
 log = logging.getLogger(__name__)
 RAW = Path("data/raw")
@@ -34,7 +35,7 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
     """Copy `src` to raw_dir/name, `dvc add` it, set data.source; returns the new folder."""
     if not NAME_RULE.fullmatch(name):
         raise StageError(f"NAME {name!r}: use letters, digits, '.', '_' or '-' (at most 64, no '/'), e.g. NAME=pets")
-    classes = class_folders(src, what="SRC", at_least=2)
+    layout = read_layout(Path(src), what="SRC")
     dest = raw_dir / name
     if dest.exists() or dest.with_name(f"{name}.dvc").exists():
         raise StageError(f"NAME {name}: {dest} already exists; choose another NAME, or `dvc remove {dest}.dvc` first")
@@ -54,8 +55,8 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
 
     set_params(params_file, [f"data.source={dest}"])
     files = sum(1 for p in dest.rglob("*") if p.is_file())
-    log.info("%s -> %s: %d files in %d classes %s, tracked by DVC (%s.dvc); params.yaml data.source = %s",
-             src, dest, files, len(classes), list(classes), dest, dest)  # fmt: skip
+    log.info("%s -> %s: %d files in %d classes %s (%s), tracked by DVC (%s.dvc); params.yaml data.source = %s",
+             src, dest, files, len(layout.class_names), list(layout.class_names), layout.kind, dest, dest)  # fmt: skip
     log.info("to keep it: git add %s.dvc %s/.gitignore %s && git commit -m 'data: %s' && dvc push",
              dest, raw_dir, params_file, name)  # fmt: skip
     return dest
@@ -63,7 +64,7 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
 
 def _main(params: Params) -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.tools.add_data", description=__doc__.splitlines()[0])
-    parser.add_argument("src", type=Path, help="an ImageFolder: SRC/<class>/<image>")
+    parser.add_argument("src", type=Path, help="an ImageFolder: SRC/<class>/<image> or SRC/<split>/<class>/<image>")
     parser.add_argument("name", help="the folder name under data/raw/")
     args = parser.parse_args()
     run(args.src, args.name)

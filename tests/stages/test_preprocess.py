@@ -111,7 +111,7 @@ def test_typed_folders_are_checked_before_any_work(tmp_path: Path, monkeypatch: 
     """The generate stage runs first and checks data.source and data.test_source: DVC would fail only at
     preprocess, with a bare `[Errno 2]`, and would read `~` literally."""
     from tasks.core.params import DataParams
-    from tasks.images.validation import check_data_folders
+    from tasks.images.layout import check_data_folders
 
     monkeypatch.chdir(tmp_path)
     generated = Path("data/generated")

@@ -1,0 +1,170 @@
+"""The layout of the folders a user points `data.source` (and `data.test_source`) at -> the roots to read.
+
+Two layouts are recognised, by the names of data.source's top-level folders:
+- class folders, `root/<class>/<image>` (torchvision's ImageFolder): val and test are split off by content hash,
+  or test is `data.test_source` when that is set;
+- split folders, `root/<split>/<class>/<image>` with splits `train`, `val` (or `valid`, `validation`) and `test`,
+  in any case (how ImageNet, Kaggle and Ultralytics' classify datasets ship): each folder is its split, a
+  missing val or test is split off train by content hash as for class folders.
+A folder that mixes split names with other names is refused: its meaning cannot be guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.core.errors import StageError
+from tasks.core.params import DataParams
+from tasks.images.validation import SOURCE, TEST_SOURCE, VAL_SOURCE, class_folders, fixed_test_folder
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+ROLE_OF_SPLIT = {"train": SOURCE, "val": VAL_SOURCE, "test": TEST_SOURCE}
+EXPECTED = "root/<class>/<image>, or root/<split>/<class>/<image> with split folders train, val and test"
+
+
+@dataclass(frozen=True)
+class Layout:
+    kind: str  # "class folders" or "split folders"
+    source: Path  # data.source as given
+    roots: tuple[tuple[str, Path], ...]  # (role, folder): SOURCE first, then VAL_SOURCE / TEST_SOURCE if fixed
+    class_names: tuple[str, ...]
+    why: str
+    missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (split, classes with no folder there)
+
+    @property
+    def fixed(self) -> frozenset[str]:
+        """The splits a folder fixes (the others are split off the train folder by content hash)."""
+        splits = {VAL_SOURCE: "val", TEST_SOURCE: "test"}
+        return frozenset(splits[role] for role, _ in self.roots if role in splits)
+
+    def folder(self, role: str) -> Path | None:
+        return dict(self.roots).get(role)
+
+    def missing_line(self) -> str | None:
+        """One line naming the classes a val or test folder lacks (their scores there measure nothing)."""
+        if not self.missing:
+            return None
+        parts = "; ".join(f"{split} has no folder for {', '.join(names)}" for split, names in self.missing)
+        return f"{parts}: those classes are not measured on that split"
+
+    def to_json(self) -> dict[str, Any]:
+        """For the manifest: no machine's path in it (the same data gives the same bytes in any checkout)."""
+        return {
+            "kind": self.kind,
+            "why": self.why,
+            "folders": {role: self._relative(folder) for role, folder in self.roots},
+            "missing": {split: list(names) for split, names in self.missing},
+        }
+
+    def _relative(self, folder: Path) -> str:
+        if folder == self.source:
+            return "data.source"
+        if folder.parent == self.source:
+            return f"data.source/{folder.name}"
+        return "data.test_source"
+
+
+def split_folders(root: Path, *, what: str) -> dict[str, Path] | None:
+    """{split: folder} when root's top-level folders are split names, None when none is; a mix is refused."""
+    class_folders(root, what=what)  # the path errors (missing, a file, '~') first, each named
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    splits = [name for name in names if name.lower() in SPLIT_NAMES]
+    if not splits:
+        return None
+    others = [name for name in names if name.lower() not in SPLIT_NAMES]
+    if others:
+        raise StageError(
+            f"{what} {root}: its folders mix split names ({', '.join(splits)}) with other names "
+            f"({', '.join(others)}); expected {EXPECTED}"
+        )
+    found: dict[str, Path] = {}
+    for name in splits:
+        split = SPLIT_NAMES[name.lower()]
+        if split in found:
+            raise StageError(f"{what} {root}: folders {found[split].name} and {name} are both the {split} split; "
+                             "keep one")  # fmt: skip
+        found[split] = root / name
+    if "train" not in found:
+        raise StageError(f"{what} {root}: split folders {', '.join(splits)} but no train folder; expected {EXPECTED}")
+    return found
+
+
+def read_layout(source: Path, test_source: Path | None = None, *, what: str = "data.source") -> Layout:
+    """The roots and classes of `source` (and of the fixed test folder `test_source`, if any); every way the
+    folders can be unreadable as a layout is one StageError naming the folder and what was expected."""
+    source = Path(source)
+    splits = split_folders(source, what=what)
+    if splits is None:
+        class_names = class_folders(source, what=what, at_least=2)
+        roots: list[tuple[str, Path]] = [(SOURCE, source)]
+        why = f"its top-level folders {_few(class_names)} are not split names, so they are the classes"
+        per_split = {"train": class_names}
+    else:
+        per_split = {
+            split: class_folders(folder, what=f"{what} {split} folder", at_least=1) for split, folder in splits.items()
+        }
+        class_names = tuple(sorted(set().union(*per_split.values())))
+        roots = [(ROLE_OF_SPLIT[split], splits[split]) for split in ("train", "val", "test") if split in splits]
+        named = ", ".join(f"{splits[split].name} ({split})" for split in ("train", "val", "test") if split in splits)
+        why = f"its top-level folders are split names: {named}, each holding class folders"
+        if len(class_names) < 2:
+            raise StageError(f"{what} {source}: its split folders hold {len(class_names)} class folder(s) "
+                             f"{list(class_names)}, need at least 2; expected {EXPECTED}")  # fmt: skip
+        only_elsewhere = sorted(set(class_names) - set(per_split["train"]))
+        if only_elsewhere:
+            elsewhere = "/".join(s for s in per_split if s != "train")
+            raise StageError(f"{what} {splits['train']}: no folder for classes {only_elsewhere}, which {elsewhere} "
+                             "has; every class needs training images")  # fmt: skip
+    if test_source is not None:
+        if splits is not None and "test" in splits:
+            raise StageError(
+                f"data.test_source {test_source}: {what} {source} has its own test folder ({splits['test'].name}); "
+                "set data.test_source back to paths.generated or remove one of the two"
+            )
+        _check_test_folder(source, Path(test_source), class_names, what=what)
+        roots.append((TEST_SOURCE, Path(test_source)))
+        per_split["test"] = class_folders(Path(test_source), what="data.test_source")
+    missing = tuple(
+        (split, tuple(sorted(set(class_names) - set(per_split[split]))))
+        for split in ("val", "test")
+        if split in per_split and set(class_names) - set(per_split[split])
+    )
+    kind = "class folders" if splits is None else "split folders"
+    return Layout(kind, source, tuple(roots), class_names, why, missing)
+
+
+def _few(names: tuple[str, ...], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"({', '.join(names[:shown])}{more})"
+
+
+def _check_test_folder(source: Path, test_source: Path, class_names: tuple[str, ...], *, what: str) -> None:
+    src, test = source.resolve(), test_source.resolve()
+    if src == test or src in test.parents or test in src.parents:
+        raise StageError(f"data.test_source {test_source} and {what} {source} overlap; use separate folders")
+    extra = sorted(set(class_folders(test_source, what="data.test_source", at_least=1)) - set(class_names))
+    if extra:
+        raise StageError(
+            f"data.test_source {test_source}: class folders {extra} are not classes of {what} {source} "
+            f"({list(class_names)})"
+        )
+
+
+def data_layout(data: DataParams, generated: Path) -> Layout:
+    """The layout params.yaml's data section names (data.test_source left at paths.generated is none)."""
+    return read_layout(Path(data.source), fixed_test_folder(data, generated))
+
+
+def check_data_folders(data: DataParams, generated: Path) -> None:
+    """Preflight of the folders a user typed (data.source, data.test_source), before any stage works:
+    DVC itself would only fail later, at the preprocess stage, with a bare `[Errno 2]`."""
+    test_source = fixed_test_folder(data, generated)
+    if Path(data.source).resolve() != Path(generated).resolve():
+        read_layout(Path(data.source), test_source)
+    elif test_source is not None:  # the default data is made by the generate stage, which this precedes
+        class_folders(test_source, what="data.test_source", at_least=1)
