@@ -13,11 +13,16 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv add-data add-weights commit-run check-reproduced push pull
+.PHONY: serve serve-venv predict add-data add-weights commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
+# The pins are for Python 3.11: another Python is refused before a venv is made (pip would fail minutes later).
+# PYTHON=/path/to/python3.11 names one; an existing venv keeps its own Python.
+CHECK_PYTHON = { test -n "$(PYTHON)" && "$(PYTHON)" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; } || \
+	{ echo "error: PYTHON=$(PYTHON) is not Python 3.11 (the pinned requirements need 3.11); install python3.11 or name one: make PYTHON=/path/to/python3.11 ..." >&2; exit 2; }
+
 $(STAMP): requirements.txt constraints.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/python || { $(CHECK_PYTHON); $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
 	@touch $(STAMP)
@@ -27,7 +32,7 @@ $(STAMP): requirements.txt constraints.txt
 SERVE_VENV := .venv-serve
 SERVE_STAMP := $(SERVE_VENV)/.installed
 $(SERVE_STAMP): serving/requirements.txt constraints.txt
-	@test -x $(SERVE_VENV)/bin/python || $(PYTHON) -m venv $(SERVE_VENV)
+	@test -x $(SERVE_VENV)/bin/python || { $(CHECK_PYTHON); $(PYTHON) -m venv $(SERVE_VENV); }
 	$(SERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(SERVE_VENV)/bin/python -m pip install --quiet -r serving/requirements.txt -c constraints.txt
 	@touch $(SERVE_STAMP)
@@ -147,6 +152,13 @@ review-label-errors: setup
 serve: serve-venv
 	$(SERVE_VENV)/bin/python -m serving
 
+# Classify images without a server: SRC=<image or folder> -> OUT (predictions.csv), one row per file, from the
+# torch-free serving venv and the server's code path (MODEL= another ONNX; default what make serve serves).
+OUT ?= predictions.csv
+predict: serve-venv
+	@test -n "$(SRC)" || { echo "error: SRC is missing: make predict SRC=<image or folder> [OUT=predictions.csv]" >&2; exit 2; }
+	@$(SERVE_VENV)/bin/python -m serving.predict "$(SRC)" --out "$(OUT)" $(if $(MODEL),--model "$(MODEL)")
+
 tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1
 
@@ -168,8 +180,9 @@ prefect-worker: setup
 
 # A deployment's run, followed to its end: its final state and message, exit 1 unless it Completed.
 DEPLOYMENT ?= train-flow/prod
+# PARAMS="train_retries=2 push=false": flow parameters (make takes -p as its own flag, so they go through PARAMS).
 prefect-run: setup
-	scripts/prefect.sh run $(DEPLOYMENT)
+	scripts/prefect.sh run $(DEPLOYMENT) $(foreach kv,$(PARAMS),-p $(kv))
 
 prefect-up: prefect-server prefect-pool prefect-deploy prefect-worker
 

@@ -120,7 +120,7 @@ class Classifier:
         arrays = []
         for name, data in items:
             try:
-                arrays.append(load_array(data, model.spec, max_pixels=self.serve.max_pixels))
+                arrays.append(load_array(data, model.spec, max_pixels=self.serve.max_pixels, limit="serve.max_pixels"))
             except ImageError as exc:
                 return ImageError(exc.reason, f"{name}: {exc.detail}")
         return np.stack(arrays)

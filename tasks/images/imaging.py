@@ -110,10 +110,13 @@ def to_rgb(img: Image.Image) -> Image.Image:
         raise ImageError("unsupported_mode", f"mode {img.mode}: {_clean(exc)}") from None
 
 
-def decode_image(data: bytes, *, max_pixels: int | None = None, min_side: int = 1) -> Image.Image:
+def decode_image(
+    data: bytes, *, max_pixels: int | None = None, min_side: int = 1, limit: str = "preprocess.max_pixels"
+) -> Image.Image:
     """Fully decode image bytes to RGB (first frame, EXIF orientation applied).
 
-    The pixel count in the header is checked against `max_pixels` before any pixel is decoded.
+    The pixel count in the header is checked against `max_pixels` (the params key `limit`) before any pixel
+    is decoded.
     Raises ImageError with reason empty_file, not_an_image, decompression_bomb, truncated,
     too_small, unsupported_mode or decode_error.
     """
@@ -132,7 +135,7 @@ def decode_image(data: bytes, *, max_pixels: int | None = None, min_side: int = 
         if max_pixels is not None and width * height > max_pixels:
             raise ImageError(
                 "decompression_bomb",
-                f"{width}x{height} = {width * height} pixels > preprocess.max_pixels {max_pixels}",
+                f"{width}x{height} = {width * height} pixels > {limit} {max_pixels}",
             )
         try:
             img.load()
@@ -183,11 +186,11 @@ def _chw(img: Image.Image) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(img, dtype=np.uint8).transpose(2, 0, 1))
 
 
-def load_array(data: bytes, spec: PreprocessSpec, *, max_pixels: int | None = None, min_side: int = 1) -> np.ndarray:
+def load_array(data: bytes, spec: PreprocessSpec, *, max_pixels: int | None = None, min_side: int = 1,
+               limit: str = "preprocess.max_pixels") -> np.ndarray:  # fmt: skip
     """Image bytes -> uint8 (3, S, S) exactly as the model was trained on."""
-    return to_square(
-        decode_image(data, max_pixels=max_pixels, min_side=min_side), spec.image_size, spec.resize, spec.interpolation
-    )
+    image = decode_image(data, max_pixels=max_pixels, min_side=min_side, limit=limit)
+    return to_square(image, spec.image_size, spec.resize, spec.interpolation)
 
 
 def normalize_array(images: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
