@@ -273,7 +273,7 @@ class EvaluateParams(Section):
     batch_size: int = Field(256, ge=1)
     gallery_images: int = Field(16, ge=1, description="test images with the highest loss in errors_gallery.png")
     label_errors: int = Field(
-        100, ge=0, description="length of label_errors.json: every accepted image ranked by its loss, highest first"
+        100, ge=0, description="length of label_errors.json: the accepted images likeliest mislabelled, worst first"
     )
 
 
