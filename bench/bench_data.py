@@ -107,8 +107,8 @@ def loading_rates(
     def normalize(batch: torch.Tensor) -> torch.Tensor:  # what the training step does to shard batches
         return (batch.float() - norm_mean) / norm_std
 
-    pad = AugmentParams()
-    rrc = AugmentParams(crop="random_resized")
+    pad = AugmentParams(hflip=True)  # as torchvision's baselines flip
+    rrc = AugmentParams(crop="random_resized", hflip=True)
     baselines = {
         "pad crop + flip (default)": T.Compose([
             T.Resize(size), T.CenterCrop(size),

@@ -192,7 +192,8 @@ def main() -> None:
     seed_everything(0, params.train.threads or torch.get_num_threads(), CPU)
     spec = PreprocessSpec.model_validate(load_manifest(shards)["spec"])
     train_images = len(ShardSplit.open(shards, "train").labels)
-    p = resolve(params.train, train_images).params  # the batch and lr the stage would use
+    flips = params.train.augment.model_copy(update={"hflip": True})  # what the default data's mirror check decides
+    p = resolve(params.train.model_copy(update={"augment": flips}), train_images).params  # the stage's batch and lr
     p = p.model_copy(update={"epochs": 1, "warmup_epochs": 0.0})
     precision = resolve_precision(p.precision, CPU, p.memory_format)
     steps = min(args.steps, train_images // p.batch_size - 1)

@@ -112,7 +112,11 @@ class ColorJitterParams(Section):
 
 
 class AugmentParams(Section):
-    hflip: bool = Field(True, description="flip horizontally with probability 0.5")
+    hflip: bool | Literal["auto"] = Field(
+        AUTO,
+        description="flip horizontally with probability 0.5; auto: when a check of the training images finds that a "
+        "mirror image keeps its class (photos: yes; glyphs, digits, text: no)",
+    )
     crop: Literal["pad", "random_resized", "none"] = Field(
         "pad", description="pad: reflect-pad then crop at a random offset; random_resized: random area and ratio"
     )

@@ -60,6 +60,8 @@ class Augment:
     """
 
     def __init__(self, params: AugmentParams) -> None:
+        if not isinstance(params.hflip, bool):  # `auto` is the recipe's to resolve (tasks/training/mirror.py)
+            raise ValueError(f"augment.hflip {params.hflip!r}: resolve it first (tasks.training.recipe.resolve)")
         self.params = params
 
     def __call__(self, image: torch.Tensor, key: tuple[int, ...]) -> torch.Tensor:

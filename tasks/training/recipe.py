@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.core.params import AUTO, TrainParams
+from tasks.training.mirror import MirrorCheck
 
 
 @dataclass(frozen=True)
 class Choice:
     key: str  # the train.* key
-    value: int | float
+    value: int | float | bool
     auto: bool  # chosen by the recipe (params.yaml said auto); False: taken as written
     why: str
 
@@ -41,6 +42,7 @@ class Recipe:
     train_images: int
     steps_per_epoch: int
     choices: tuple[Choice, ...]
+    mirror: MirrorCheck | None = None  # the measurement behind augment.hflip auto
 
     @property
     def total_steps(self) -> int:
@@ -57,7 +59,7 @@ class Recipe:
         )  # fmt: skip
 
     def reasons(self) -> list[str]:
-        return [f"{c.key} {c.value:g} ({'auto' if c.auto else 'params.yaml'}: {c.why})" for c in self.choices]
+        return [f"{c.key} {_shown(c.value)} ({'auto' if c.auto else 'params.yaml'}: {c.why})" for c in self.choices]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,7 +68,12 @@ class Recipe:
             "total_steps": self.total_steps,
             "summary": self.summary(),
             "choices": {c.key: c.to_json() for c in self.choices},
+            "mirror_check": self.mirror.to_json() if self.mirror else None,
         }
+
+
+def _shown(value: int | float | bool) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}"
 
 
 def steps_in_epoch(samples: int, global_batch: int) -> int:
@@ -78,9 +85,9 @@ def _floor_pow2(x: float) -> int:
     return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
 
 
-def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recipe:
+def resolve(params: TrainParams, train_images: int, processes: int = 1, mirror: MirrorCheck | None = None) -> Recipe:
     """Concrete values for every `auto` of `params`, for a train split of `train_images` samples
-    trained by `processes` processes."""
+    trained by `processes` processes; `mirror`: the check `augment.hflip: auto` is decided by."""
     r, parts = params.recipe, processes * params.accumulation_steps
     choices: list[Choice] = []
 
@@ -157,6 +164,17 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1) -> Recip
         frozen = int(params.freeze_epochs)
         choices.append(Choice("freeze_epochs", frozen, False, "set in params.yaml"))
 
+    if params.augment.hflip == AUTO:
+        if mirror is None:
+            raise ValueError("augment.hflip auto is decided by a mirror check of the training images: pass one")
+        hflip = mirror.hflip
+        choices.append(Choice("augment.hflip", hflip, True, mirror.why()))
+    else:
+        hflip = bool(params.augment.hflip)
+        choices.append(Choice("augment.hflip", hflip, False, "set in params.yaml"))
+
+    augment = params.augment.model_copy(update={"hflip": hflip})
     resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup,
-                                         "backbone_lr_scale": scale, "freeze_epochs": frozen})  # fmt: skip
-    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices))
+                                         "backbone_lr_scale": scale, "freeze_epochs": frozen,
+                                         "augment": augment})  # fmt: skip
+    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror)

@@ -19,13 +19,14 @@ import numpy as np
 import torch
 
 from tasks.core.errors import StageError
-from tasks.core.params import Params, TrainParams, derive_seed
+from tasks.core.params import AUTO, Params, TrainParams, derive_seed
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import ShardSplit, load_manifest
 from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.loader import StepSampler, make_loader
+from tasks.training.mirror import mirror_check, sample_indices
 from tasks.training.models import build_model
 from tasks.training.optim import Schedule, build_optimizer, freeze_backbone
 from tasks.training.pretrained import start_weights
@@ -116,8 +117,15 @@ def training_start(
     """The starting point: `seed` is params.seed; `stream` names what the seed is derived for."""
     seed = derive_seed(seed, stream)
     spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
-    dataset = ShardDataset(shard_dir, "train", augment=Augment(train.augment) if augment else None, seed=seed)
-    return Start(seed, spec, dataset, resolve(train, len(dataset), world_size), shard_dir, pretrained_dir)
+    dataset = ShardDataset(shard_dir, "train", seed=seed)
+    mirror = None
+    if train.augment.hflip == AUTO:  # measured on the images (tasks/training/mirror.py), the same on every rank
+        sample = sample_indices(len(dataset), seed)
+        mirror = mirror_check(dataset.data.take(sample), dataset.labels[sample], len(spec.class_names), seed)
+    recipe = resolve(train, len(dataset), world_size, mirror=mirror)
+    if augment:
+        dataset.augment = Augment(recipe.params.augment)
+    return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir)
 
 
 def start_of(p: Params, *, stream: str = "train", augment: bool = True) -> Start:

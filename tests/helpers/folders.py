@@ -120,3 +120,35 @@ def draw_offcentre_folder(
                 draw.line(ends, fill=tuple(int(v) for v in rng.integers(0, 256, size=3)), width=max(1, short // 24))
             image.save(folder / f"{kind}_{i:04d}{'.png' if i % 3 else '.jpg'}")
     return root
+
+
+GLYPHS = "0123456789"
+
+
+def draw_glyph_folder(root: Path, per_class: int, seed: int = 0, glyphs: str = GLYPHS) -> Path:
+    """Scanned glyphs: one character per image (the class), dark ink on paper of uneven grey, at any size from
+    half the canvas to nearly all of it, slightly rotated and off-centre, with scanner noise and blur;
+    28-64 px canvases, grayscale PNG or JPEG. A mirrored 2, 3, 4, 5, 6, 7 or 9 is no digit of its class."""
+    from PIL import ImageDraw, ImageFilter, ImageFont
+
+    rng = np.random.default_rng(seed)
+    for glyph in glyphs:
+        folder = root / f"glyph_{glyph}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            side = int(rng.integers(28, 65))
+            big = side * 4  # drawn large, then scanned down: antialiased strokes
+            paper = int(rng.integers(190, 250))
+            image = Image.new("L", (big, big), paper)
+            font = ImageFont.load_default(size=int(big * rng.uniform(0.5, 0.85)))
+            draw = ImageDraw.Draw(image)
+            centre = (big / 2 + rng.uniform(-0.1, 0.1) * big, big / 2 + rng.uniform(-0.1, 0.1) * big)
+            draw.text(centre, glyph, font=font, anchor="mm", fill=int(rng.integers(0, 70)),
+                      stroke_width=int(rng.integers(0, 3)), stroke_fill=int(rng.integers(0, 70)))  # fmt: skip
+            image = image.rotate(float(rng.uniform(-10, 10)), resample=Image.BILINEAR, fillcolor=paper)
+            image = image.resize((side, side), Image.BILINEAR).filter(ImageFilter.GaussianBlur(rng.uniform(0, 0.8)))
+            pixels = np.asarray(image, np.float32) + rng.normal(0, 8, size=(side, side))
+            Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
+                folder / f"{glyph}_{i:04d}{'.png' if i % 2 else '.jpg'}"
+            )
+    return root

@@ -26,11 +26,13 @@ pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
 PARAMS = PreprocessParams(image_size=16, workers=1, shard_size=7, val_fraction=0.2, test_fraction=0.2)
 MODES = [
-    AugmentParams(),
-    AugmentParams(crop="random_resized", scale=(0.3, 1.0)),
+    AugmentParams(hflip=True),
+    AugmentParams(hflip=True, crop="random_resized", scale=(0.3, 1.0)),
     AugmentParams(crop="none", hflip=True),
     AugmentParams(crop="pad", crop_padding=7, hflip=False),
-    AugmentParams(crop="random_resized", color_jitter={"brightness": 0.4, "contrast": 0.4, "saturation": 0.4}),
+    AugmentParams(
+        hflip=True, crop="random_resized", color_jitter={"brightness": 0.4, "contrast": 0.4, "saturation": 0.4}
+    ),
 ]
 JITTER = {"brightness": 0.5, "contrast": 0.3, "saturation": 0.8}
 
@@ -73,7 +75,7 @@ def test_dataset_batches_equal_single_samples_for_any_workers(shards: Path) -> N
 
 
 def test_distributed_sampler_ranks_see_the_same_samples(shards: Path) -> None:
-    data = ShardDataset(shards, "train", augment=Augment(AugmentParams(crop="random_resized")), seed=9)
+    data = ShardDataset(shards, "train", augment=Augment(AugmentParams(hflip=True, crop="random_resized")), seed=9)
     reference = {i: data[i][0] for i in range(len(data))}
     seen = []
     for rank in range(2):
@@ -91,8 +93,8 @@ def test_colour_jitter_is_torchvisions_and_leaves_crops_and_flips_alone() -> Non
     rng = np.random.default_rng(3)
     images = torch.from_numpy(rng.integers(0, 256, (24, 3, 12, 12), dtype=np.uint8))
     keys = [(7, 2, i) for i in range(24)]
-    plain = Augment(AugmentParams(crop="pad", crop_padding=3)).batch(images, keys)
-    jittered = Augment(AugmentParams(crop="pad", crop_padding=3, color_jitter=JITTER)).batch(images, keys)
+    plain = Augment(AugmentParams(hflip=True, crop="pad", crop_padding=3)).batch(images, keys)
+    jittered = Augment(AugmentParams(hflip=True, crop="pad", crop_padding=3, color_jitter=JITTER)).batch(images, keys)
     assert (jittered != plain).float().mean() > 0.5  # it does something, to nearly every pixel
     factors = uniforms([(*key, 0xC0102) for key in keys], 3)
     spans = np.array([JITTER["brightness"], JITTER["contrast"], JITTER["saturation"]])
@@ -105,7 +107,7 @@ def test_colour_jitter_is_torchvisions_and_leaves_crops_and_flips_alone() -> Non
         x = plain[k].float() / 255
         x = TF.adjust_saturation(TF.adjust_contrast(TF.adjust_brightness(x, bright), contrast), saturation)
         assert (jittered[k].float() - x * 255).abs().max() <= 1.0, k
-    alone = Augment(AugmentParams(crop="pad", crop_padding=3, color_jitter=JITTER))
+    alone = Augment(AugmentParams(hflip=True, crop="pad", crop_padding=3, color_jitter=JITTER))
     assert all(torch.equal(alone(images[k], keys[k]), jittered[k]) for k in (0, 5, 23))  # not batch-dependent
     assert jittered.dtype == torch.uint8
 
@@ -115,7 +117,7 @@ def test_augmentations_do_what_they_say() -> None:
     keys = [(1, 0, i) for i in range(64)]
     batch = image.expand(64, -1, -1, -1)
     flips = uniforms(keys, 1)[:, 0] < 0.5
-    flipped = Augment(AugmentParams(crop="none")).batch(batch, keys)
+    flipped = Augment(AugmentParams(hflip=True, crop="none")).batch(batch, keys)
     for k in range(64):
         assert torch.equal(flipped[k], image[0].flip(-1) if flips[k] else image[0])
     assert 20 < flips.sum() < 44
@@ -127,7 +129,7 @@ def test_augmentations_do_what_they_say() -> None:
         )
     resized = Augment(AugmentParams(crop="random_resized", scale=(1.0, 1.0), ratio=(1.0, 1.0), hflip=False))
     assert torch.equal(resized.batch(batch, keys), batch)  # the whole image, resized to itself
-    strong = Augment(AugmentParams(crop="random_resized", scale=(0.1, 0.2)))
+    strong = Augment(AugmentParams(hflip=True, crop="random_resized", scale=(0.1, 0.2)))
     assert not torch.equal(strong.batch(batch, keys)[0], image[0])
 
 

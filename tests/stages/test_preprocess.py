@@ -188,7 +188,7 @@ def test_dataset_reads_shards_and_augments_reproducibly(imagefolder: Path, tmp_p
     assert 0 <= label < 3
     assert len(plain) == read_json(out / "manifest.json")["splits"]["train"]["count"]
 
-    augmented = ShardDataset(out, "train", augment=Augment(AugmentParams(crop_padding=4)), seed=5)
+    augmented = ShardDataset(out, "train", augment=Augment(AugmentParams(crop_padding=4, hflip=True)), seed=5)
 
     def batches(workers: int) -> list[torch.Tensor]:
         loader = torch.utils.data.DataLoader(augmented, batch_size=8, num_workers=workers)

@@ -199,6 +199,7 @@ def test_batch_grids_show_the_first_real_batch_and_the_val_images(shards: Path, 
     from tasks.training.dataset import ShardDataset
     from tasks.training.distributed import World
     from tasks.training.loader import StepSampler, make_loader
+    from tasks.training.start import training_start
 
     for name in ("train_batch.png", "val_batch.png"):
         with Image.open(model.parent / name) as grid:
@@ -207,7 +208,8 @@ def test_batch_grids_show_the_first_real_batch_and_the_val_images(shards: Path, 
     # yields the same first batch as the grid's copy (the seed derivation is the stage's own).
     params = PARAMS.train
     seed = derive_seed(PARAMS.seed, "train")
-    dataset = ShardDataset(shards, "train", augment=Augment(params.augment), seed=seed)
+    resolved = training_start(params, seed=PARAMS.seed, shard_dir=shards, pretrained_dir=shards).params.augment
+    dataset = ShardDataset(shards, "train", augment=Augment(resolved), seed=seed)
     generator = torch.Generator().manual_seed(derive_seed(seed, "loader"))
     state = generator.get_state()
     loader = make_loader(dataset, StepSampler(len(dataset), params.batch_size, World(), generator), num_workers=2,

@@ -7,12 +7,14 @@ import math
 import pytest
 
 from tasks.core.params import ParamsError, TrainParams, parse_params
+from tasks.training.mirror import MirrorCheck
 from tasks.training.optim import warmup_cosine
 from tasks.training.recipe import resolve
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
-DEFAULT = parse_params({}).train  # params.yaml's defaults: batch_size, lr, epochs, warmup_epochs are auto
+# params.yaml's defaults: batch_size, lr, epochs, warmup_epochs are auto (flips forced: their check is below)
+DEFAULT = parse_params({"train": {"augment": {"hflip": True}}}).train
 
 
 def test_the_default_data_gets_the_recipe_that_reached_0_948_there() -> None:
@@ -22,7 +24,7 @@ def test_the_default_data_gets_the_recipe_that_reached_0_948_there() -> None:
     assert recipe.steps_per_epoch == 125 and recipe.total_steps == 750
     # The warmup in steps is what the old fixed `warmup_epochs: 0.5` gave (round(0.5 x 125) = 62).
     assert round(p.warmup_epochs * 125) == round(0.5 * 125) == 62
-    assert all(choice.auto for choice in recipe.choices)
+    assert all(choice.auto for choice in recipe.choices if choice.key != "augment.hflip")
 
 
 def test_a_small_folder_gets_a_smaller_batch_and_enough_steps() -> None:
@@ -116,3 +118,24 @@ def test_starting_from_weights_resolves_to_a_fine_tuning_recipe(start: dict[str,
     assert frozen.freeze_epochs == 0  # the whole run trains the head alone already
     set_by_hand = resolve(DEFAULT.model_copy(update={**start, "freeze_epochs": 0, "backbone_lr_scale": 1.0}), 162)
     assert (set_by_hand.params.freeze_epochs, set_by_hand.params.backbone_lr_scale) == (0, 1.0)
+
+
+def test_hflip_auto_takes_the_mirror_checks_decision_and_says_why() -> None:
+    auto = parse_params({}).train
+    assert auto.augment.hflip == "auto"
+    with pytest.raises(ValueError, match="mirror check"):
+        resolve(auto, 162)  # never a silent default: the train stage always measures
+    glyphs = MirrorCheck(images=300, chance=0.1, accuracy=0.78, mirrored=0.29, seconds=0.1)
+    photos = MirrorCheck(images=300, chance=0.1, accuracy=0.84, mirrored=0.86, seconds=0.1)
+    unsure = MirrorCheck(images=300, chance=0.33, accuracy=0.38, mirrored=0.2, seconds=0.1)
+    for check, flips in ((glyphs, False), (photos, True), (unsure, True)):
+        recipe = resolve(auto, 162, mirror=check)
+        assert recipe.params.augment.hflip is flips
+        assert any(r.startswith(f"augment.hflip {'on' if flips else 'off'} (auto: ") for r in recipe.reasons())
+        assert recipe.to_json()["mirror_check"]["hflip"] is flips
+    assert "glyphs, digits, text" in resolve(auto, 162, mirror=glyphs).reasons()[-1]
+    assert "too close to chance" in resolve(auto, 162, mirror=unsure).reasons()[-1]
+    forced = resolve(DEFAULT, 162, mirror=glyphs)  # true in params.yaml: used as written
+    assert forced.params.augment.hflip is True and "augment.hflip on (params.yaml: set in params.yaml)" in (
+        forced.reasons()
+    )
