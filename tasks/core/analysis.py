@@ -79,7 +79,7 @@ def label_error_ranking(
         entry = entries[i]
         ranked.append({
             "rank": rank,
-            "file": f"{roots[entry['root']]}/{entry['path']}",
+            "file": f"{roots.get(entry['root'], entry['root'])}/{entry['path']}",
             "split": entry["split"],
             "sha256": entry["sha256"],
             "given": class_names[labels[i]],
