@@ -151,19 +151,28 @@ class RecipeParams(Section):
     warmup_fraction: float = Field(0.0833, ge=0, lt=1, description="warmup_epochs: auto = epochs x this")
     # Starting from weights (train.pretrained or init_from), `auto` means fine-tuning, the seed's order:
     # the head alone first, then every layer at a small rate, the backbone's smaller still.
-    finetune_lr_sgd: float = Field(0.01, gt=0, description="from weights, lr: auto = this x batch_size / max_batch")
-    finetune_lr_adamw: float = Field(0.0003, gt=0, description="from weights, the same for adamw")
+    finetune_lr_sgd: float = Field(0.03, gt=0, description="from weights, lr: auto = this x batch_size / max_batch")
+    finetune_lr_adamw: float = Field(0.0005, gt=0, description="from weights, the same for adamw")
     finetune_backbone_lr_scale: float = Field(
-        0.1, gt=0, description="from weights, backbone_lr_scale: auto = this (from scratch: 1)"
+        0.3, gt=0, description="from weights, backbone_lr_scale: auto = this (from scratch: 1)"
     )
     finetune_freeze_epochs: int = Field(
         1, ge=0, description="from weights, freeze_epochs: auto = this many head-only epochs (from scratch: 0)"
     )
+    # How far the new data is from the weights: a linear probe of the start features (feature_probe.py) says
+    # how much of the new classes they already know. At or above `finetune_near_known` the rates above hold;
+    # at or below `finetune_far_known`, the from-scratch rate with the backbone at the head's (the features
+    # must be relearnt); in between, both rates move geometrically from one to the other.
+    finetune_near_known: Fraction = Field(0.9, description="from weights: probe's known share at which data is near")
+    finetune_far_known: Fraction = Field(0.5, description="from weights: probe's known share at which data is far")
 
     @model_validator(mode="after")
     def _batches(self) -> RecipeParams:
         if self.min_batch > self.max_batch:
             raise ValueError(f"min_batch ({self.min_batch}) is larger than max_batch ({self.max_batch})")
+        if self.finetune_far_known >= self.finetune_near_known:
+            raise ValueError(f"finetune_far_known ({self.finetune_far_known}) must be below finetune_near_known "
+                             f"({self.finetune_near_known})")  # fmt: skip
         return self
 
 

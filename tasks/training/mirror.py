@@ -108,7 +108,7 @@ def features(images: np.ndarray, chunk: int = 128) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros((0, BINS * CELLS * CELLS + 3 * CELLS * CELLS), np.float32)
 
 
-def _ridge_scores(train_x: np.ndarray, train_y: np.ndarray, classes: int, tests: list[np.ndarray]) -> list[np.ndarray]:
+def ridge_predict(train_x: np.ndarray, train_y: np.ndarray, classes: int, tests: list[np.ndarray]) -> list[np.ndarray]:
     """Fit ridge onto one-hot labels on train_x; the predicted class of each row of each test array."""
     mean, std = train_x.mean(0), train_x.std(0) + 1e-3
     x = (train_x - mean) / std
@@ -137,7 +137,7 @@ def mirror_check(images: np.ndarray, labels: np.ndarray, classes: int, seed: int
         held, fit = folds == fold, folds != fold
         if not held.any() or not fit.any():
             continue
-        plain, flipped = _ridge_scores(flat[fit], labels[fit], classes, [flat[held], mirrored[held]])
+        plain, flipped = ridge_predict(flat[fit], labels[fit], classes, [flat[held], mirrored[held]])
         right += int((plain == labels[held]).sum())
         right_mirrored += int((flipped == labels[held]).sum())
     n = len(labels)

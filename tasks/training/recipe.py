@@ -11,8 +11,12 @@ lr 0.1, 6 epochs and 0.5 warmup epochs: the recipe that reached 0.948 there.
 
 Starting from weights (train.pretrained or init_from), `auto` is a fine-tuning recipe instead, in the
 order of fastai's `fine_tune` and the seed's advice for small data: `recipe.finetune_freeze_epochs` epochs
-that train the head alone (the backbone frozen), then every layer, at a base rate 10x lower than from
-scratch (`recipe.finetune_lr_*`) and the backbone at `recipe.finetune_backbone_lr_scale` of the head's.
+that train the head alone (the backbone frozen), then every layer. Its rates follow how far the data is
+from the weights, as a linear probe of the start features measures it (tasks/training/feature_probe.py):
+near data (the probe knows `recipe.finetune_near_known` of the new classes) gets `recipe.finetune_lr_*`
+with the backbone at `recipe.finetune_backbone_lr_scale` of the head's, far data (`finetune_far_known`)
+the from-scratch rate with the backbone at the head's, data between a geometric blend of the two
+(bench/bench_finetune.py measured it against hand-set rates).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.core.params import AUTO, TrainParams
+from tasks.core.params import AUTO, RecipeParams, TrainParams
+from tasks.training.feature_probe import FeatureProbe
 from tasks.training.mirror import MirrorCheck
 
 
@@ -43,6 +48,7 @@ class Recipe:
     steps_per_epoch: int
     choices: tuple[Choice, ...]
     mirror: MirrorCheck | None = None  # the measurement behind augment.hflip auto
+    probe: FeatureProbe | None = None  # from weights: how much of the new classes the start features know
 
     @property
     def total_steps(self) -> int:
@@ -69,7 +75,23 @@ class Recipe:
             "summary": self.summary(),
             "choices": {c.key: c.to_json() for c in self.choices},
             "mirror_check": self.mirror.to_json() if self.mirror else None,
+            "feature_probe": self.probe.to_json() if self.probe else None,
         }
+
+
+def _farness(r: RecipeParams, probe: FeatureProbe | None) -> float:
+    """0 for near data (the fine-tune rates), 1 for far (the from-scratch rate, backbone at the head's)."""
+    if probe is None:
+        return 0.0
+    return min(1.0, max(0.0, (r.finetune_near_known - probe.known) / (r.finetune_near_known - r.finetune_far_known)))
+
+
+def _distance_words(far: float) -> str:
+    if far == 0:
+        return "near data: the features are kept"
+    if far == 1:
+        return "far data: the features are relearnt at the from-scratch rate"
+    return f"data {far:.0%} of the way from near to far"
 
 
 def _shown(value: int | float | bool) -> str:
@@ -85,9 +107,13 @@ def _floor_pow2(x: float) -> int:
     return 1 << max(0, math.floor(math.log2(x))) if x >= 1 else 1
 
 
-def resolve(params: TrainParams, train_images: int, processes: int = 1, mirror: MirrorCheck | None = None) -> Recipe:
+def resolve(
+    params: TrainParams, train_images: int, processes: int = 1, mirror: MirrorCheck | None = None,
+    probe: FeatureProbe | None = None,
+) -> Recipe:  # fmt: skip
     """Concrete values for every `auto` of `params`, for a train split of `train_images` samples
-    trained by `processes` processes; `mirror`: the check `augment.hflip: auto` is decided by."""
+    trained by `processes` processes; `mirror`: the check `augment.hflip: auto` is decided by; `probe`: how much
+    of the new classes the start weights already know (from weights only; None: they are taken as near)."""
     r, parts = params.recipe, processes * params.accumulation_steps
     choices: list[Choice] = []
 
@@ -111,12 +137,20 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1, mirror: 
 
     tuning = params.from_weights
     start = f"fine-tuning from {'train.pretrained' if params.pretrained else 'train.init_from'}" if tuning else ""
+    far = _farness(r, probe) if tuning else 0.0
+    distance = "" if not tuning or probe is None else f"; {probe.line()}, so {_distance_words(far)}"
     if params.lr == AUTO:
         key = f"recipe.{'finetune_lr' if tuning else 'base_lr'}_{params.optimizer}"
         base = getattr(r, key.removeprefix("recipe."))
-        lr = base * batch / r.max_batch
         why = f"{key} {base:g} x batch {batch} / {r.max_batch} (linear scaling)"
-        choices.append(Choice("lr", lr, True, f"{start}: {why}" if tuning else why))
+        if far > 0:
+            scratch_key = f"recipe.base_lr_{params.optimizer}"
+            scratch = getattr(r, scratch_key.removeprefix("recipe."))
+            base = base ** (1 - far) * scratch**far
+            why = (f"{key} moved {far:.0%} of the way (geometrically) to {scratch_key} {scratch:g}: {base:.3g} x "
+                   f"batch {batch} / {r.max_batch} (linear scaling)")  # fmt: skip
+        lr = base * batch / r.max_batch
+        choices.append(Choice("lr", lr, True, f"{start}: {why}{distance}" if tuning else why))
     else:
         lr = float(params.lr)
         choices.append(Choice("lr", lr, False, "set in params.yaml"))
@@ -145,10 +179,9 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1, mirror: 
         choices.append(Choice("warmup_epochs", warmup, False, "set in params.yaml"))
 
     if params.backbone_lr_scale == AUTO:
-        scale = r.finetune_backbone_lr_scale if tuning else 1.0
-        why = (
-            f"{start}: recipe.finetune_backbone_lr_scale" if tuning else "from scratch: every layer at the head's rate"
-        )
+        scale = r.finetune_backbone_lr_scale ** (1 - far) if tuning else 1.0
+        why = (f"{start}: recipe.finetune_backbone_lr_scale" + (f" moved {far:.0%} of the way to 1" if far else "")
+               if tuning else "from scratch: every layer at the head's rate")  # fmt: skip
         choices.append(Choice("backbone_lr_scale", scale, True, why))
     else:
         scale = float(params.backbone_lr_scale)
@@ -177,4 +210,4 @@ def resolve(params: TrainParams, train_images: int, processes: int = 1, mirror: 
     resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup,
                                          "backbone_lr_scale": scale, "freeze_epochs": frozen,
                                          "augment": augment})  # fmt: skip
-    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror)
+    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror, probe)

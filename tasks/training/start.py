@@ -25,6 +25,8 @@ from tasks.images.shards import ShardSplit, load_manifest
 from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
+from tasks.training.feature_probe import SAMPLE as PROBE_SAMPLE
+from tasks.training.feature_probe import feature_probe
 from tasks.training.loader import StepSampler, make_loader
 from tasks.training.mirror import mirror_check, sample_indices
 from tasks.training.models import build_model
@@ -122,7 +124,13 @@ def training_start(
     if train.augment.hflip == AUTO:  # measured on the images (tasks/training/mirror.py), the same on every rank
         sample = sample_indices(len(dataset), seed)
         mirror = mirror_check(dataset.data.take(sample), dataset.labels[sample], len(spec.class_names), seed)
-    recipe = resolve(train, len(dataset), world_size, mirror=mirror)
+    probe = None
+    if train.from_weights and AUTO in (train.lr, train.backbone_lr_scale):  # how far the data is from the weights
+        module = build_model(train.arch, len(spec.class_names))
+        start_weights(module, train, spec, pretrained_dir)
+        sample = sample_indices(len(dataset), seed, limit=PROBE_SAMPLE)
+        probe = feature_probe(module, dataset.data.take(sample), dataset.labels[sample], spec, seed)
+    recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe)
     if augment:
         dataset.augment = Augment(recipe.params.augment)
     return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tasks.core.params import ParamsError, TrainParams, parse_params
+from tasks.training.feature_probe import FeatureProbe
 from tasks.training.mirror import MirrorCheck
 from tasks.training.optim import warmup_cosine
 from tasks.training.recipe import resolve
@@ -105,15 +106,15 @@ def test_starting_from_weights_resolves_to_a_fine_tuning_recipe(start: dict[str,
     tuned = resolve(DEFAULT.model_copy(update=start), 162)
     p, choices = tuned.params, {c.key: c for c in tuned.choices}
     assert (scratch.params.backbone_lr_scale, scratch.params.freeze_epochs) == (1.0, 0)
-    assert p.lr == pytest.approx(0.0025) and p.lr == pytest.approx(scratch.params.lr / 10)  # 0.01 x 16 / 64
-    assert (p.backbone_lr_scale, p.freeze_epochs, p.batch_size, p.epochs) == (0.1, 1, 16, 40)
+    assert p.lr == pytest.approx(0.0075) and p.lr == pytest.approx(scratch.params.lr * 0.3)  # 0.03 x 16 / 64
+    assert (p.backbone_lr_scale, p.freeze_epochs, p.batch_size, p.epochs) == (0.3, 1, 16, 40)
     key = next(iter(start))
     assert (
         choices["lr"].why
-        == f"fine-tuning from train.{key}: recipe.finetune_lr_sgd 0.01 x batch 16 / 64 (linear scaling)"
+        == f"fine-tuning from train.{key}: recipe.finetune_lr_sgd 0.03 x batch 16 / 64 (linear scaling)"
     )
     assert choices["freeze_epochs"].why.startswith(f"fine-tuning from train.{key}: recipe.finetune_freeze_epochs")
-    assert "head alone for 1 epoch(s), backbone lr x 0.1" in tuned.summary()
+    assert "head alone for 1 epoch(s), backbone lr x 0.3" in tuned.summary()
     frozen = resolve(DEFAULT.model_copy(update={**start, "freeze_backbone": True}), 162).params
     assert frozen.freeze_epochs == 0  # the whole run trains the head alone already
     set_by_hand = resolve(DEFAULT.model_copy(update={**start, "freeze_epochs": 0, "backbone_lr_scale": 1.0}), 162)
@@ -139,3 +140,31 @@ def test_hflip_auto_takes_the_mirror_checks_decision_and_says_why() -> None:
     assert forced.params.augment.hflip is True and "augment.hflip on (params.yaml: set in params.yaml)" in (
         forced.reasons()
     )
+
+
+def test_from_weights_the_rates_follow_how_much_the_features_already_know() -> None:
+    tuned = DEFAULT.model_copy(update={"init_from": "backbone.pth"})
+    r = tuned.recipe
+    gentle, strong = r.finetune_lr_sgd * 16 / 64, r.base_lr_sgd * 16 / 64  # batch 16 for 162 images
+
+    def probe(known: float) -> FeatureProbe:
+        return FeatureProbe(images=162, chance=0.0, accuracy=known, seconds=0.1)  # known == accuracy here
+
+    near = resolve(tuned, 162, probe=probe(0.95))
+    near_scale = r.finetune_backbone_lr_scale
+    assert near.params.lr == pytest.approx(gentle) and near.params.backbone_lr_scale == pytest.approx(near_scale)
+    assert "near data: the features are kept" in near.reasons()[1]
+    far = resolve(tuned, 162, probe=probe(0.2))
+    assert far.params.lr == pytest.approx(strong) and far.params.backbone_lr_scale == pytest.approx(1.0)
+    assert "far data: the features are relearnt at the from-scratch rate" in far.reasons()[1]
+    halfway = (r.finetune_near_known + r.finetune_far_known) / 2
+    middle = resolve(tuned, 162, probe=probe(halfway))
+    assert middle.params.lr == pytest.approx(math.sqrt(gentle * strong))
+    assert middle.params.backbone_lr_scale == pytest.approx(math.sqrt(near_scale))
+    assert middle.params.freeze_epochs == near.params.freeze_epochs == far.params.freeze_epochs == 1
+    assert middle.to_json()["feature_probe"]["known"] == pytest.approx(halfway)
+    # Rates written in params.yaml are used as written, whatever the probe says.
+    fixed = resolve(tuned.model_copy(update={"lr": 0.003, "backbone_lr_scale": 0.5}), 162, probe=probe(0.2))
+    assert (fixed.params.lr, fixed.params.backbone_lr_scale) == (0.003, 0.5)
+    # From scratch there is nothing to probe: the rates are the from-scratch ones.
+    assert resolve(DEFAULT, 162, probe=probe(0.2)).params.lr == pytest.approx(strong)

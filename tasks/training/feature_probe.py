@@ -1,0 +1,85 @@
+"""How far the new data is from the weights training starts from: a linear probe of the backbone's features.
+
+The start weights' backbone (train.pretrained or init_from, the head aside) embeds at most `SAMPLE` training
+images; a ridge classifier on those embeddings, 5-fold, says how much of the new classes the features already
+separate: `known = (accuracy - chance) / (1 - chance)`, 1 when a linear head on the frozen features is enough,
+0 when they carry nothing of the new classes. Linear probing before fine-tuning is Kumar et al. 2022 ("Fine-Tuning
+can Distort Pretrained Features"); the fine-tuning recipe (tasks/training/recipe.py) takes its rates from it: near
+data keeps the features (a low rate, the backbone slower), far data relearns them (the from-scratch rate).
+One forward pass over the sample in eval mode, then closed-form fits: seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tasks.images.imaging import PreprocessSpec
+from tasks.training.mirror import FOLDS, ridge_predict
+from tasks.training.models import head_name, normalize
+
+SAMPLE = 1000  # training images embedded at most
+BATCH = 128
+
+
+@dataclass(frozen=True)
+class FeatureProbe:
+    images: int
+    chance: float
+    accuracy: float  # 5-fold, a linear head on the frozen features
+    seconds: float
+
+    @property
+    def known(self) -> float:
+        """The share of the way from chance to perfect that the frozen features already go."""
+        return max(0.0, (self.accuracy - self.chance) / (1 - self.chance)) if self.chance < 1 else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"images": self.images, "chance": round(self.chance, 4), "accuracy": round(self.accuracy, 4),
+                "known": round(self.known, 4), "seconds": round(self.seconds, 2)}  # fmt: skip
+
+    def line(self) -> str:
+        return (f"a linear probe of the start weights' features scores {self.accuracy:.2f} on {self.images} "
+                f"training images, 5-fold (chance {self.chance:.2f}): they already know {self.known:.0%} of the "
+                "new classes")  # fmt: skip
+
+
+@torch.no_grad()
+def embed(model: torch.nn.Module, images: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
+    """uint8 (N, 3, S, S) -> float32 (N, D): what the head of `model` receives, in eval mode on the CPU."""
+    head = dict(model.named_modules())[head_name(model)]
+    seen: list[torch.Tensor] = []
+    handle = head.register_forward_pre_hook(lambda _module, args: seen.append(args[0].detach().flatten(1)))
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(images), BATCH):
+            batch = torch.from_numpy(np.ascontiguousarray(images[start : start + BATCH]))
+            model(normalize(batch, spec))
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return torch.cat(seen).float().numpy() if seen else np.zeros((0, 0), np.float32)
+
+
+def feature_probe(
+    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, spec: PreprocessSpec, seed: int
+) -> FeatureProbe:
+    started = time.perf_counter()
+    labels = np.asarray(labels, dtype=np.int64)
+    classes = len(spec.class_names)
+    features = embed(model, images, spec)
+    folds = np.random.default_rng(seed).permutation(len(labels)) % FOLDS
+    right = 0
+    for fold in range(FOLDS):
+        held, fit = folds == fold, folds != fold
+        if held.any() and fit.any():
+            (predicted,) = ridge_predict(features[fit], labels[fit], classes, [features[held]])
+            right += int((predicted == labels[held]).sum())
+    n = len(labels)
+    chance = float(np.bincount(labels, minlength=classes).max() / n) if n else 1.0
+    return FeatureProbe(n, chance, right / max(n, 1), time.perf_counter() - started)
