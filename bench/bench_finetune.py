@@ -10,7 +10,7 @@ fixed test folder of 300 other drawings (data.test_source): A-near (3 of the def
 drawings), A-far (other shapes, off-centre in noise and clutter: the issue's case), B-near (3 other shape kinds,
 drawn as B's), B-far (the digits 2, 5, 7, scanned). For each: the linear probe of the start weights' features
 (tasks/training/feature_probe.py), then the test and best val accuracy of `train.lr` etc. left at auto and of
-three hand-set recipes (every other param as params.yaml ships it): gentle (the fine-tune rate, backbone x0.1),
+three hand-set recipes (every other param as params.yaml ships it): gentle (recipe.finetune_lr_sgd, backbone x0.1),
 middle (their geometric mean, backbone x0.3) and strong (the from-scratch rate, backbone at the head's); one
 head-only epoch in each.
 """
