@@ -23,13 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serving import SERVER, _status, free_port, load  # noqa: E402
+from bench.bench_serving import SERVER, free_port, load, wait_ready  # noqa: E402
 from bench.serving_inputs import images, untrained_model  # noqa: E402
 from serving.app import stream_count  # noqa: E402
 from tasks.core.params import ServeParams  # noqa: E402
@@ -56,16 +55,7 @@ def run_server(python: str, serve: dict, paths: dict, data: list[bytes], concurr
     server = subprocess.Popen([python, "-c", SERVER, json.dumps(serve), json.dumps(paths), str(port)], cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                if asyncio.run(_status(f"{url}/ready")) == 200:
-                    break
-            except aiohttp.ClientError:
-                pass
-            if server.poll() is not None or time.perf_counter() - started > 60:
-                raise SystemExit("server not ready within 60 s")
-            time.sleep(0.05)
-        ready = time.perf_counter() - started
+        ready = wait_ready(url, server, started, "server")
         result = asyncio.run(load(url, data, concurrency, len(data)))
         if result["errors"]:
             raise SystemExit(f"server answered {result['errors']} request(s) with an error")

@@ -180,16 +180,7 @@ def run_server(args: argparse.Namespace, config: Config, serve: dict, paths: dic
                               cwd=ROOT, env=env)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                if asyncio.run(_status(f"{url}/ready")) == 200:
-                    break
-            except aiohttp.ClientError:
-                pass
-            if server.poll() is not None or time.perf_counter() - started > 60:
-                raise SystemExit(f"{config.name}: server not ready within 60 s")
-            time.sleep(0.05)
-        ready_s = time.perf_counter() - started
+        ready_s = wait_ready(url, server, started, config.name)
         rss_ready = psutil.Process(server.pid).memory_info().rss / 2**20
         solo = OnnxModel.load(paths["onnx"], threads=config.threads)
         c1_server, c1_bare = asyncio.run(in_turns(url, solo, data, args.requests))
@@ -209,6 +200,19 @@ def run_server(args: argparse.Namespace, config: Config, serve: dict, paths: dic
         server.terminate()
         server.wait(timeout=30)
     return {"levels": levels, "ready_s": ready_s, "rss_ready": rss_ready, "rss": rss, "c1": (c1_server, c1_bare)}
+
+
+def wait_ready(url: str, server: subprocess.Popen, started: float, name: str) -> float:
+    """Seconds from `started` until the server's /ready says 200; SystemExit when it dies or takes 60 s."""
+    while True:
+        try:
+            if asyncio.run(_status(f"{url}/ready")) == 200:
+                return time.perf_counter() - started
+        except aiohttp.ClientError:
+            pass
+        if server.poll() is not None or time.perf_counter() - started > 60:
+            raise SystemExit(f"{name}: server not ready within 60 s")
+        time.sleep(0.05)
 
 
 async def _status(url: str) -> int:
