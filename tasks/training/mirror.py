@@ -67,6 +67,7 @@ class MirrorCheck:
                 "mirror image looks like another class (glyphs, digits, text): no flips")  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
+        """No timing: train_run.json is a DVC output, byte for byte the same on a rerun (the log has the time)."""
         return {
             "images": self.images,
             "chance": round(self.chance, 4),
@@ -74,7 +75,6 @@ class MirrorCheck:
             "mirrored_accuracy": round(self.mirrored, 4),
             "loss": round(self.loss, 4),
             "hflip": self.hflip,
-            "seconds": round(self.seconds, 2),
             "rule": f"no flips when accuracy - chance >= {MIN_ABOVE_CHANCE} and "
             f"(accuracy - mirrored) / (accuracy - chance) > {MAX_LOSS}",
         }

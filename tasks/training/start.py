@@ -130,6 +130,9 @@ def training_start(
         start_weights(module, train, spec, pretrained_dir)
         sample = sample_indices(len(dataset), seed, limit=PROBE_SAMPLE)
         probe = feature_probe(module, dataset.data.take(sample), dataset.labels[sample], spec, seed)
+    for name, check in (("mirror check", mirror), ("feature probe", probe)):
+        if check is not None:
+            log.info("%s: %.2f s on %d training images", name, check.seconds, check.images)
     recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe)
     if augment:
         dataset.augment = Augment(recipe.params.augment)

@@ -134,6 +134,7 @@ def test_hflip_auto_takes_the_mirror_checks_decision_and_says_why() -> None:
         assert recipe.params.augment.hflip is flips
         assert any(r.startswith(f"augment.hflip {'on' if flips else 'off'} (auto: ") for r in recipe.reasons())
         assert recipe.to_json()["mirror_check"]["hflip"] is flips
+        assert "seconds" not in recipe.to_json()["mirror_check"]  # train_run.json is byte-reproducible: no timing
     assert "glyphs, digits, text" in resolve(auto, 162, mirror=glyphs).reasons()[-1]
     assert "too close to chance" in resolve(auto, 162, mirror=unsure).reasons()[-1]
     forced = resolve(DEFAULT, 162, mirror=glyphs)  # true in params.yaml: used as written
@@ -163,6 +164,7 @@ def test_from_weights_the_rates_follow_how_much_the_features_already_know() -> N
     assert middle.params.backbone_lr_scale == pytest.approx(math.sqrt(near_scale))
     assert middle.params.freeze_epochs == near.params.freeze_epochs == far.params.freeze_epochs == 1
     assert middle.to_json()["feature_probe"]["known"] == pytest.approx(halfway)
+    assert "seconds" not in middle.to_json()["feature_probe"]
     # Rates written in params.yaml are used as written, whatever the probe says.
     fixed = resolve(tuned.model_copy(update={"lr": 0.003, "backbone_lr_scale": 0.5}), 162, probe=probe(0.2))
     assert (fixed.params.lr, fixed.params.backbone_lr_scale) == (0.003, 0.5)
