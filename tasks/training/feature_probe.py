@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.mirror import FOLDS, ridge_predict
+from tasks.training.mirror import cross_validated
 from tasks.training.models import head_name, normalize
 
 SAMPLE = 1000  # training images embedded at most
@@ -71,16 +71,6 @@ def feature_probe(
     model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, spec: PreprocessSpec, seed: int
 ) -> FeatureProbe:
     started = time.perf_counter()
-    labels = np.asarray(labels, dtype=np.int64)
-    classes = len(spec.class_names)
     features = embed(model, images, spec)
-    folds = np.random.default_rng(seed).permutation(len(labels)) % FOLDS
-    right = 0
-    for fold in range(FOLDS):
-        held, fit = folds == fold, folds != fold
-        if held.any() and fit.any():
-            (predicted,) = ridge_predict(features[fit], labels[fit], classes, [features[held]])
-            right += int((predicted == labels[held]).sum())
-    n = len(labels)
-    chance = float(np.bincount(labels, minlength=classes).max() / n) if n else 1.0
-    return FeatureProbe(n, chance, right / max(n, 1), time.perf_counter() - started)
+    chance, (accuracy,) = cross_validated(features, labels, len(spec.class_names), seed, (features,))
+    return FeatureProbe(len(labels), chance, accuracy, time.perf_counter() - started)
