@@ -1,7 +1,9 @@
-"""The FastAPI app: image uploads -> top-k classes from the production ONNX model, plus health and metrics.
+"""The FastAPI app: image uploads -> top-k classes from the production ONNX model, plus health, metrics, drift.
 
 `create_app(serve, paths)` builds it from the params' `serve` and `paths` sections; the model loads
 (hash-verified) and warms up in a background thread, and /ready says 503 until that is done.
+POST /predict takes the image as the raw body (Content-Type image/* or application/octet-stream) or as
+the multipart field `file`. Every prediction goes into this worker's drift window (GET /drift).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import contextlib
 import ctypes
 import hashlib
 import logging
+import math
 import os
 import threading
 from collections.abc import Sequence
@@ -22,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from python_multipart.multipart import parse_options_header
+from starlette.datastructures import UploadFile as StarletteUpload
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.batching import Batcher, QueueFull
@@ -30,6 +35,7 @@ from serving.monitoring import Metrics, ReviewFolder, log
 from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
+from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftThresholds, DriftWindow, Reference
 from tasks.release.inference import OnnxModel, ranked, softmax
 from tasks.release.production import ProductionModel, production_model
 
@@ -55,12 +61,14 @@ class State:
     source: ProductionModel | None = None
     error: str | None = None
     info: dict[str, str] | None = None  # ModelInfo of the loaded model, as every response carries it
+    drift: DriftWindow | None = None  # this worker's last serve.drift.window predictions vs the model's reference
 
 
 def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
     try:
         source = production_model(paths)
         model = source.load(serve.threads)
+        reference = Reference.from_metadata(model.metadata, model.class_names, str(source.path))
         size = model.spec.image_size
         largest = sorted({serve.max_batch, serve.max_batch_files}) if serve.warmup_runs else []
         for batch in [1] * serve.warmup_runs + largest:
@@ -72,10 +80,29 @@ def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> N
         return
     sha = model.sha256
     state.info = ModelInfo(sha256=sha, source=source.source, version=f"{source.source}-{sha[:12]}").model_dump()
+    state.drift = DriftWindow(model.class_names, reference, DriftThresholds(**serve.drift.model_dump()), log_drift)
+    if reference is None:
+        log.warning("%s carries no drift reference (exported before drift references): /drift says 'no reference'; "
+                    "re-export it to watch drift", source.path)  # fmt: skip
     state.model, state.source = model, source
     metrics.model.labels(sha256=model.sha256, source=source.source).set(1)
     metrics.ready.set(1)
     log.info("serving %s (%s, sha256 %s), warm", source.path, source.source, model.sha256)
+
+
+def log_drift(verdict: str, report: dict[str, Any]) -> None:
+    """Once when this worker's window crosses a threshold, once when it is back under 0.8 x every threshold."""
+    n = report["window"]["filled"]
+    stats = ", ".join(
+        f"{name} {s['value']:.3f} (threshold {s['threshold']})" for name, s in report["statistics"].items()
+    )
+    moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report["moved_most"])
+    if verdict == DRIFT:
+        log.warning("drift in the last %d predictions of worker %d: %s; moved most: %s (GET /drift)",
+                    n, os.getpid(), stats, moved)  # fmt: skip
+    else:
+        log.warning("drift over: the last %d predictions of worker %d are back under 0.8 x every threshold: %s",
+                    n, os.getpid(), stats)  # fmt: skip
 
 
 def release_freed_memory() -> None:
@@ -137,6 +164,9 @@ class Classifier:
         metrics.predictions.inc()
         metrics.top1.observe(top1)
         metrics.margin.observe(margin)
+        metrics.predicted_class.labels(label=top_k[0]["label"]).inc()
+        assert self.state.drift is not None  # set with the model
+        self.state.drift.add(int(order[0]), top1, margin)
         if low:
             metrics.low_confidence.inc()
             sha = hashlib.sha256(data).hexdigest()
@@ -208,6 +238,9 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     metrics.streams.set(batcher.streams)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.streams_busy.set_function(lambda: batcher.busy)
+    _drift_gauges(metrics, state)
+    for statistic in STATISTICS:
+        metrics.drift_threshold.labels(statistic=statistic).set(getattr(serve.drift, statistic))
 
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
         loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
@@ -230,8 +263,61 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     return app
 
 
+def _drift_gauges(metrics: Metrics, state: State) -> None:
+    """The drift statistics as gauges, read from the window when Prometheus scrapes (nothing per prediction)."""
+
+    def value(statistic: str) -> float:
+        values = state.drift.values() if state.drift else None
+        return values[statistic] if values else math.nan
+
+    for statistic in STATISTICS:
+        metrics.drift_statistic.labels(statistic=statistic).set_function(lambda s=statistic: value(s))
+    for verdict in VERDICTS:
+        metrics.drift_verdict.labels(verdict=verdict).set_function(
+            lambda v=verdict: float(state.drift is not None and state.drift.verdict == v)
+        )
+    metrics.drift_window.set_function(lambda: state.drift.filled if state.drift else 0)
+
+
+# POST /predict's body, both ways (the route reads the request itself, so FastAPI documents it from here).
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+PREDICT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/octet-stream": _BINARY,
+            "image/*": _BINARY,
+            "multipart/form-data": {
+                "schema": {"type": "object", "required": ["file"], "properties": {"file": _BINARY["schema"]}}
+            },
+        },
+    }
+}
+RAW_TYPES = ("image/", "application/octet-stream")
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+async def upload_of(request: Request) -> tuple[str, bytes]:
+    """The one image of a POST /predict: the raw body (image/*, application/octet-stream; its name from
+    Content-Disposition's filename, else "body") or the multipart field `file`."""
+    content_type = request.headers.get("content-type", "")
+    media = content_type.partition(";")[0].strip().lower()
+    if media.startswith(RAW_TYPES):
+        _, options = parse_options_header(request.headers.get("content-disposition", ""))
+        name = options.get(b"filename", b"body").decode("utf-8", "replace") or "body"
+        return name, await request.body()
+    if media in FORM_TYPES:  # a urlencoded form cannot carry a file: 422 naming the field, as before
+        async with request.form() as form:
+            file = form.get("file")
+            if not isinstance(file, StarletteUpload):
+                raise HTTPException(422, "invalid_request: body.file: Field required (a multipart file field `file`)")
+            return file.filename or "file", await file.read()
+    raise HTTPException(415, f"unsupported_media_type: Content-Type {content_type!r}; send the image as the body "
+                        "with image/* or application/octet-stream, or as multipart/form-data field `file`")  # fmt: skip
+
+
 def _add_routes(app: FastAPI, state: State, serve: ServeParams, batcher: Batcher, metrics: Metrics) -> None:
-    """/health, /ready, /metrics, /predict and /predict/batch."""
+    """/health, /ready, /metrics, /drift, /predict and /predict/batch."""
 
     def ensure_ready() -> None:
         if state.model is None:
@@ -253,11 +339,22 @@ def _add_routes(app: FastAPI, state: State, serve: ServeParams, batcher: Batcher
         """Prometheus text format."""
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/predict", response_model=PredictResponse, responses=ERRORS)
-    async def predict(file: Annotated[UploadFile, File()]) -> JSONResponse:
-        """One image (multipart field `file`) -> the top-k classes with probabilities."""
+    @app.get("/drift", responses=ERRORS)
+    async def drift() -> dict[str, Any]:
+        """This worker's last serve.drift.window predictions against the model's test-split reference:
+        per-class shares, PSI of class mix, top-1 and margin with thresholds, and a verdict."""
         ensure_ready()
-        predictions = await infer(batcher, [(file.filename or "file", await file.read())])
+        assert state.drift is not None
+        scope = (f"this uvicorn worker only (pid {os.getpid()}); with serve.workers {serve.workers} each worker "
+                 "keeps its own window, so a request here sees one worker's traffic")  # fmt: skip
+        return {"model": state.info, "scope": scope, "workers": serve.workers, **state.drift.report()}
+
+    @app.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=PREDICT_BODY)
+    async def predict(request: Request) -> JSONResponse:
+        """One image -> the top-k classes with probabilities. The image is the raw body (Content-Type image/*
+        or application/octet-stream; a filename in Content-Disposition names it), or the multipart field `file`."""
+        ensure_ready()
+        predictions = await infer(batcher, [await upload_of(request)])
         return JSONResponse({"model": state.info, "prediction": predictions[0]})
 
     @app.post("/predict/batch", response_model=BatchResponse, responses=ERRORS)

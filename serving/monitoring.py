@@ -45,6 +45,14 @@ class Metrics:
         self.low_confidence = Counter("serve_low_confidence", "predictions under serve.low_confidence", registry=r)
         self.review_saved = Counter("serve_review_saved", "low-confidence inputs saved for review", registry=r)
         self.review_skipped = Counter("serve_review_skipped", "low-confidence inputs not saved", ["why"], registry=r)
+        self.predicted_class = Counter("serve_predicted_class", "predictions by top-1 class", ["label"], registry=r)
+        self.drift_statistic = Gauge("serve_drift_statistic", "drift statistic of this worker's window (GET /drift)",
+                                     ["statistic"], registry=r)  # fmt: skip
+        self.drift_threshold = Gauge("serve_drift_threshold", "threshold of each drift statistic", ["statistic"],
+                                     registry=r)  # fmt: skip
+        self.drift_verdict = Gauge("serve_drift_verdict", "1 for this worker's drift verdict now", ["verdict"],
+                                   registry=r)  # fmt: skip
+        self.drift_window = Gauge("serve_drift_window_filled", "predictions in this worker's drift window", registry=r)
         self.ready = Gauge("serve_ready", "1 once the model is loaded and warm", registry=r)
         self.model = Gauge("serve_model_info", "the served model", ["sha256", "source"], registry=r)
         self.streams = Gauge("serve_streams", "inference streams (calls that run at once)", registry=r)

@@ -3,7 +3,9 @@
 Every format is scored on the whole test split and gated by params.yaml (ONNX through
 tasks.release.inference, the serving path, with the spec read back from the file's own metadata). Files
 are built beside their final paths and moved into place only when every gate passes. Parity goes to
-export.json (byte-stable); latency goes to a timings file of its own.
+export.json (byte-stable); latency goes to a timings file of its own. Each ONNX file carries its drift
+reference (tasks/release/drift.py: its own predictions on the test split), and export.json a copy of the
+served file's, so the server can tell when traffic no longer looks like the test set.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
 from tasks.core.params import ExportParams, Params, derive_seed, section_hash
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
-from tasks.release.inference import OnnxModel, median_latency_ms
+from tasks.release.drift import REFERENCE_KEY, build_reference, reference_json
+from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
 from tasks.release.quantize import calibration_sample, quantize_int8
@@ -125,12 +128,16 @@ def run(
     ):
         export_onnx(model, spec, tmp_onnx, params.opset)
         write_metadata(tmp_onnx, {**metadata, "format": "onnx"})
-        onnx.checker.check_model(str(tmp_onnx), full_check=True)
         reference = predict_logits(model, images, spec, params.batch_size)
+        fp32_logits = OnnxModel.load(tmp_onnx, threads=threads).logits(images, params.batch_size)
+        # The served model's own predictions on the test split, stored with it: what /drift compares traffic to.
+        # Rewriting metadata_props leaves the graph as it was, so these logits are the final file's.
+        drift = build_reference(softmax(fp32_logits), spec.class_names)
+        write_metadata(tmp_onnx, {**metadata, "format": "onnx", REFERENCE_KEY: reference_json(drift)})
+        onnx.checker.check_model(str(tmp_onnx), full_check=True)
         fp32 = OnnxModel.load(tmp_onnx, threads=threads)
-        fp32_logits = fp32.logits(images, params.batch_size)
-        report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images),
-                                  "opset": params.opset, "onnx_sha256": fp32.sha256}  # fmt: skip
+        report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images), "opset": params.opset,
+                                  "onnx_sha256": fp32.sha256, "drift_reference": drift}  # fmt: skip
         checks = parity_checks("onnx", report, params)
         int8_gates: list[Check] = []
         runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
@@ -201,8 +208,11 @@ def _int8(
     quantize_int8(fp32_path, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
                   per_channel=params.int8.per_channel, keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
     write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
+    int8_logits = OnnxModel.load(staging / INT8_FILE, threads=threads).logits(images, params.batch_size)
+    drift = reference_json(build_reference(softmax(int8_logits), fp32.class_names))  # its own predictions
+    write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8", REFERENCE_KEY: drift})
     int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
-    q = int8_report(fp32_logits, int8.logits(images, params.batch_size), labels)
+    q = int8_report(fp32_logits, int8_logits, labels)
     gates = int8_checks(q, params)
     kept = all(c.passed for c in gates)
     report = {**q, "calibration_images": len(sample), "kept": kept, "gates": [c.to_json() for c in gates],

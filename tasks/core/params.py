@@ -339,6 +339,26 @@ class RegressionParams(Section):
         Rule(metric="test_set_sha256", direction="equal"),
     )
     batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
+    drift_servers: tuple[str, ...] = Field(
+        (),
+        description="servers (http[s]://host[:port]) regression-flow may read /drift from, besides 127.0.0.1/localhost",
+    )
+
+
+class DriftParams(Section):
+    """The server's drift watch (GET /drift): its last `window` predictions against the model's test-split reference."""
+
+    window: int = Field(500, ge=10, description="predictions in the sliding window, per uvicorn worker")
+    min_predictions: int = Field(200, ge=10, description="fewer predictions in the window: 'not enough data'")
+    class_mix_psi: float = Field(0.25, gt=0, description="PSI of the predicted-class mix above this: drift")
+    top1_psi: float = Field(0.25, gt=0, description="PSI of top-1 probability (test-set deciles) above this: drift")
+    margin_psi: float = Field(0.25, gt=0, description="PSI of top-1 minus top-2 (test-set deciles) above this: drift")
+
+    @model_validator(mode="after")
+    def _min_fits(self) -> DriftParams:
+        if self.min_predictions > self.window:
+            raise ValueError(f"min_predictions {self.min_predictions} > window {self.window}: never enough data")
+        return self
 
 
 class ServeParams(Section):
@@ -373,6 +393,7 @@ class ServeParams(Section):
     review_dir: Path = Field(Path("data/review"), description="low-confidence inputs: <class>/<sha256>.<ext> + .json")
     review_max_files: int = Field(1000, ge=0, description="stop saving to review_dir once it holds this many images")
     review_max_file_bytes: int = Field(2 * 2**20, ge=0, description="larger low-confidence uploads: logged, not saved")
+    drift: DriftParams = DriftParams()
 
 
 class Params(Section):

@@ -48,14 +48,17 @@ def serve_python() -> Path:
 
 
 @contextmanager
-def running_server(project: Path, review_dir: Path, **serve: object) -> Iterator[tuple[str, psutil.Process]]:
+def running_server(
+    project: Path, review_dir: Path, log: Path | None = None, **serve: object
+) -> Iterator[tuple[str, psutil.Process]]:
     """A real uvicorn from the serving venv, serving the project's model on a free port of 127.0.0.1,
-    once /ready says 200. `serve`: fields of SERVE to change."""
+    once /ready says 200. `serve`: fields of SERVE to change; `log`: a file for its stderr."""
     port = free_port()
     settings = SERVE.model_copy(update={"review_dir": review_dir, **serve}).model_dump(mode="json")
     paths = paths_of(project).model_dump(mode="json")
     command = [str(serve_python()), "-c", SERVER, json.dumps(settings), json.dumps(paths), str(port)]
-    proc = subprocess.Popen(command, cwd=ROOT)
+    stderr = log.open("wb") if log is not None else None
+    proc = subprocess.Popen(command, cwd=ROOT, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -73,3 +76,5 @@ def running_server(project: Path, review_dir: Path, **serve: object) -> Iterator
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        if stderr is not None:
+            stderr.close()

@@ -142,6 +142,30 @@ def test_hostile_upload_gets_a_4xx_or_a_prediction(client: TestClient, name: str
         assert len(body["prediction"]["top_k"]) == 3 and body["prediction"]["file"] == f"{name}.bin"
     else:
         assert body["error"] and f"{name}.bin" in body["detail"], body
+    # The same bytes as the raw body: the same status, error and answer as the multipart route.
+    headers = {"content-type": "application/octet-stream", "content-disposition": f'inline; filename="{name}.bin"'}
+    raw = client.post("/predict", content=data, headers=headers)
+    assert raw.status_code == response.status_code and raw.json() == body, (raw.text, response.text)
+
+
+def test_raw_body_predict_answers_as_the_multipart_route(client: TestClient, project: Path) -> None:
+    """POST /predict with the image as the body (image/*, application/octet-stream): no multipart."""
+    for path in raw_images(project)[:4]:
+        data = path.read_bytes()
+        form = client.post("/predict", files={"file": (path.name, data)}).json()
+        kind = "image/png" if path.suffix == ".png" else "image/jpeg"
+        disposition = f'inline; filename="{path.name}"'
+        named = client.post(
+            "/predict", content=data, headers={"content-type": kind, "content-disposition": disposition}
+        )
+        assert named.status_code == 200 and named.json() == form
+        anonymous = client.post("/predict", content=data, headers={"content-type": "application/octet-stream"})
+        assert anonymous.json()["prediction"]["file"] == "body"
+        assert anonymous.json()["prediction"]["top_k"] == form["prediction"]["top_k"]
+    big = client.post("/predict", content=b"\0" * (SERVE.max_body_bytes + 1), headers={"content-type": "image/png"})
+    assert big.status_code == 413 and big.json()["error"] == "body_too_large"
+    empty = client.post("/predict", content=b"", headers={"content-type": "image/jpeg"})
+    assert empty.status_code == 422 and empty.json()["error"] == "empty_file"
 
 
 def test_request_shape_errors_are_4xx_with_json(client: TestClient, project: Path) -> None:
@@ -154,7 +178,8 @@ def test_request_shape_errors_are_4xx_with_json(client: TestClient, project: Pat
     no_file = client.post("/predict", data={"other": "x"})
     assert no_file.status_code == 422 and "file" in no_file.json()["detail"]
     not_multipart = client.post("/predict", content=b"{}", headers={"content-type": "application/json"})
-    assert not_multipart.status_code == 422
+    assert not_multipart.status_code == 415 and not_multipart.json()["error"] == "unsupported_media_type"
+    assert "image/*" in not_multipart.json()["detail"] and "application/json" in not_multipart.json()["detail"]
     boundary = "b0undary"  # a part with no headers: the framework's multipart parser refuses it
     broken = client.post("/predict", content=f"--{boundary}\r\nTrue--{boundary}--\r\n".encode(),
                          headers={"content-type": f"multipart/form-data; boundary={boundary}"})  # fmt: skip
@@ -271,6 +296,9 @@ def test_real_server_streams_limits_and_stays_bounded(server: tuple[str, psutil.
         )
         assert streamed.status_code == 413 and streamed.json()["error"] == "body_too_large"
         assert "bytes read" in streamed.json()["detail"]
+        raw = client.post(f"{url}/predict", content=(b"\0" * 65536 for _ in range(8 * limit // 65536)),
+                          headers={"content-type": "image/jpeg"})  # fmt: skip
+        assert raw.status_code == 413 and "bytes read" in raw.json()["detail"]
 
         cases = [*zoo().values(), (b"\0" * (limit + 1), {413})]
         good = raw_images(project)[0].read_bytes()

@@ -34,7 +34,7 @@ def api_schema(project: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def test_no_generated_request_gets_a_server_error(api_schema: schemathesis.BaseSchema) -> None:
     # Hypothesis driven by hand: schemathesis' pytest plugin (from_fixture) breaks under pytest 9.
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert {op.path for op in operations} >= {"/predict", "/predict/batch", "/ready", "/health", "/metrics"}
+    assert {op.path for op in operations} >= {"/predict", "/predict/batch", "/ready", "/health", "/metrics", "/drift"}
     for operation in operations:
 
         @given(case=operation.as_strategy())

@@ -1,0 +1,161 @@
+"""Drift with a real server: a model exported by the export stage (its reference in the ONNX metadata),
+served by uvicorn from the serving venv, fed the test split, one class, then noise; GET /drift, /metrics
+and the log say what happened."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnx
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from serving.app import create_app
+from tasks import export, preprocess, train
+from tasks.core.io import read_json, sha256_file, write_json
+from tasks.core.params import DriftParams, Params
+from tasks.images.imaging import load_array
+from tasks.images.shards import ShardSplit
+from tasks.release.drift import REFERENCE_KEY
+from tasks.release.inference import OnnxModel
+from tasks.release.onnx_metadata import write_metadata
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import TINY, deep_update
+from tests.helpers.serving import SERVE, paths_of, running_server
+
+# Trained long enough to tell the colours apart (the traffic of one class is then predicted as that class).
+PARAMS = Params.model_validate(
+    deep_update(TINY, {"train": {"epochs": 4}, "export": {"formats": ["onnx", "onnx_int8"]}})
+)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 colour classes x 80 images, trained one epoch and exported: about 48 test images in the reference."""
+    root = tmp_path_factory.mktemp("drift")
+    make_imagefolder(root / "images", classes=3, per_class=80, seed=5)
+    preprocess.run(PARAMS.preprocess, seed=PARAMS.seed, source=root / "images", out_dir=root / "shards")
+    train.run(
+        PARAMS.train, seed=PARAMS.seed, shard_dir=root / "shards", model_path=root / "models" / "model.pt",
+        history_path=root / "h.json", plot_path=root / "h.png", runs_dir=root / "runs", provenance={},
+    )  # fmt: skip
+    export.run(
+        PARAMS.export, seed=PARAMS.seed, model_path=root / "models" / "model.pt", shard_dir=root / "shards",
+        onnx_path=root / "models" / "model.onnx", exports_dir=root / "models" / "exports",
+        report_path=root / "reports" / "export.json", timings_path=root / "reports" / "export_timings.json",
+    )  # fmt: skip
+    return root
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def split_images(project: Path) -> list[bytes]:
+    """The test split's own images as PNG files that decode to the very arrays export scored."""
+    model = OnnxModel.load(project / "models" / "model.onnx")
+    rows = ShardSplit.open(project / "shards", "test").all_images()
+    files = [png(np.ascontiguousarray(row.transpose(1, 2, 0))) for row in rows]
+    assert all((load_array(f, model.spec) == row).all() for f, row in zip(files, rows, strict=True))
+    return files
+
+
+def post_all(client: httpx.Client, url: str, files: list[bytes]) -> None:
+    for data in files:
+        response = client.post(f"{url}/predict", content=data, headers={"content-type": "image/png"})
+        assert response.status_code == 200, response.text
+
+
+def test_export_stores_the_reference_in_the_model_and_in_export_json(exported: Path) -> None:
+    model = OnnxModel.load(exported / "models" / "model.onnx")
+    reference = json.loads(model.metadata[REFERENCE_KEY])
+    report = read_json(exported / "reports" / "export.json")
+    assert report["drift_reference"] == reference
+    assert reference["num_samples"] == report["num_samples"] == sum(reference["class_counts"]) >= 30
+    assert reference["classes"] == list(model.class_names)
+    assert report["onnx_int8"]["kept"], report["onnx_int8"]
+    int8 = OnnxModel.load(exported / "models" / "exports" / "model.int8.onnx")
+    assert json.loads(int8.metadata[REFERENCE_KEY])["num_samples"] == reference["num_samples"]  # its own
+
+
+def test_a_real_server_says_ok_then_drift_naming_the_class_then_confidence_drift(
+    exported: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "server.log"
+    balanced = split_images(exported)
+    # A window as long as the test split: filled with it, the window is the reference itself.
+    window = DriftParams(window=len(balanced), min_predictions=len(balanced))
+    with running_server(exported, tmp_path / "review", log=log, drift=window) as (url, _), httpx.Client() as client:
+        first = client.get(f"{url}/drift").json()
+        assert first["verdict"] == "not enough data" and first["window"]["filled"] == 0
+        assert "this uvicorn worker only" in first["scope"] and first["workers"] == 1
+
+        post_all(client, url, balanced)  # the balanced test split itself
+        same = client.get(f"{url}/drift").json()
+        assert same["verdict"] == "ok", same["statistics"]
+        assert all(s["value"] < 0.01 for s in same["statistics"].values()), same["statistics"]
+
+        one_class = sorted((exported / "images" / "class_1").iterdir())
+        post_all(client, url, [one_class[i % len(one_class)].read_bytes() for i in range(300)])
+        drift = client.get(f"{url}/drift").json()
+        assert drift["verdict"] == "drift" and drift["window"]["filled"] == window.window
+        assert drift["statistics"]["class_mix_psi"]["exceeded"]
+        assert drift["moved_most"][0]["class"] == "class_1" and drift["moved_most"][0]["change"] > 0.4
+        metrics = client.get(f"{url}/metrics").text
+        assert 'serve_drift_verdict{verdict="drift"} 1.0' in metrics
+        assert 'serve_predicted_class_total{label="class_1"}' in metrics
+        assert 'serve_drift_threshold{statistic="class_mix_psi"} 0.25' in metrics
+
+        post_all(client, url, balanced)  # back to the test set's mix
+        assert client.get(f"{url}/drift").json()["verdict"] == "ok"
+
+        rng = np.random.default_rng(0)  # noise: nothing the model has seen, its confidence falls apart
+        noise = [png(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)) for _ in range(window.window)]
+        post_all(client, url, noise)
+        unsure = client.get(f"{url}/drift").json()
+        assert unsure["verdict"] == "drift" and unsure["statistics"]["top1_psi"]["exceeded"], unsure["statistics"]
+    warnings = [line for line in log.read_text().splitlines() if "drift" in line]
+    assert len([w for w in warnings if "drift in the last" in w]) == 2, warnings  # one class, then noise
+    assert len([w for w in warnings if "drift over" in w]) == 1, warnings
+
+
+def test_a_reference_naming_an_unknown_class_is_refused_at_startup(exported: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    onnx_path = project / "models" / "model.onnx"
+    proto = onnx.load(str(exported / "models" / "model.onnx"))
+    metadata = {p.key: p.value for p in proto.metadata_props}
+    reference = json.loads(metadata[REFERENCE_KEY])
+    reference["classes"][2] = "class_9"
+    onnx.save(proto, str(onnx_path))
+    write_metadata(onnx_path, {**metadata, REFERENCE_KEY: json.dumps(reference)})
+    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
+    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
+        ready = client.get("/ready")
+    assert ready.status_code == 503
+    detail = ready.json()["detail"]
+    assert "class_9" in detail and "model.onnx" in detail and "\n" not in detail
+
+
+def test_an_older_model_without_a_reference_is_served_and_drift_says_so(exported: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    onnx_path = project / "models" / "model.onnx"
+    proto = onnx.load(str(exported / "models" / "model.onnx"))
+    onnx.save(proto, str(onnx_path))
+    write_metadata(onnx_path, {p.key: p.value for p in proto.metadata_props if p.key != REFERENCE_KEY})
+    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
+    one = next((exported / "images" / "class_0").iterdir()).read_bytes()
+    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
+        assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
+        drift = client.get("/drift").json()
+    assert drift["verdict"] == "no reference" and sum(drift["predictions_total"].values()) == 1
