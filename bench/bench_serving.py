@@ -7,8 +7,11 @@
 For each configuration (`name:streams,threads,max_batch`; default "one stream" = 1,1,1, the server as it
 was before streams and batching, and "default" = params.yaml's serve section) a real uvicorn is
 started: time from process start to /ready 200 and RSS once ready are printed. Then JPEG uploads
-are POSTed to /predict at each concurrency (aiohttp client, in this process: it shares the cores
-with the server), and the server's /metrics give the mean images per onnxruntime call.
+are POSTed to /predict at each concurrency, both ways: as multipart (field `file`) and as the raw
+body (Content-Type image/jpeg), from an aiohttp client in this process (it shares the cores with the
+server); the server's /metrics give the mean images per onnxruntime call. Last, the drift
+bookkeeping of one prediction (the per-class counter and the window's update) is timed alone and
+set against a c=8 request's server CPU time.
 
 Beside them, the same uploads without HTTP, in this process: decode + resize + normalise + run on
 one onnxruntime session, (a) one after another with one thread (the latency floor of one request)
@@ -41,8 +44,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench.serving_inputs import FORM, images, multipart, untrained_model  # noqa: E402
 from serving.app import stream_count  # noqa: E402
+from serving.monitoring import Metrics  # noqa: E402
 from tasks.core.params import ServeParams  # noqa: E402
 from tasks.images.imaging import load_array  # noqa: E402
+from tasks.release.drift import DriftThresholds, DriftWindow, Reference, build_reference, reference_json  # noqa: E402
 from tasks.release.inference import OnnxModel, softmax  # noqa: E402
 
 SERVER = """
@@ -74,8 +79,19 @@ def summary(seconds: list[float], wall: float, errors: int = 0) -> dict[str, flo
             "p99": float(np.percentile(ms, 99)), "errors": errors}  # fmt: skip
 
 
-async def load(url: str, data: list[bytes], concurrency: int, requests: int) -> dict[str, float]:
-    bodies = [multipart(f"{i}.jpg", item) for i, item in enumerate(data)]
+RAW = {"Content-Type": "image/jpeg"}
+ROUTES = ("multipart", "raw")
+
+
+def bodies_of(route: str, data: list[bytes]) -> tuple[list[bytes], dict[str, str]]:
+    """The request bodies (encoded up front) and headers of one way of sending an image."""
+    if route == "raw":
+        return data, RAW
+    return [multipart(f"{i}.jpg", item) for i, item in enumerate(data)], FORM
+
+
+async def load(url: str, data: list[bytes], concurrency: int, requests: int, route: str) -> dict[str, float]:
+    bodies, headers = bodies_of(route, data)
     latencies: list[float] = []
     errors = 0
     queue = iter(range(2 * concurrency))  # a warm-up round first: connections open, the server's pools settle
@@ -85,7 +101,7 @@ async def load(url: str, data: list[bytes], concurrency: int, requests: int) -> 
         for i in queue:
             start = time.perf_counter()
             try:
-                async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=FORM) as response:
+                async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=headers) as response:
                     await response.read()
                     ok = response.status == 200
             except aiohttp.ClientError:
@@ -104,28 +120,26 @@ async def load(url: str, data: list[bytes], concurrency: int, requests: int) -> 
     return summary(latencies, wall, errors)
 
 
-async def in_turns(
-    url: str, model: OnnxModel, data: list[bytes], requests: int, block: int = 50
-) -> tuple[float, float]:
-    """p50 ms of one request at a time through the server, and of the same uploads on a bare session in
-    this process, measured in alternating blocks of `block` so that drifts in the machine's load
-    slow both alike (blocks, not single turns: each side keeps its caches warm, as it does alone)."""
-    bodies = [multipart(f"{i}.jpg", item) for i, item in enumerate(data)]
-    server: list[float] = []
-    bare_s: list[float] = []
+async def in_turns(url: str, model: OnnxModel, data: list[bytes], requests: int, block: int = 50) -> dict[str, float]:
+    """p50 ms of one request at a time through the server (each route), and of the same uploads on a bare
+    session in this process, measured in alternating blocks of `block` so that drifts in the machine's
+    load slow all alike (blocks, not single turns: each side keeps its caches warm, as it does alone)."""
+    times: dict[str, list[float]] = {name: [] for name in (*ROUTES, "bare")}
+    sent = {route: bodies_of(route, data) for route in ROUTES}
     async with aiohttp.ClientSession() as session:
         for first in range(0, requests, block):
-            for i in range(first, first + block):
-                start = time.perf_counter()
-                async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=FORM) as response:
-                    await response.read()
-                if response.status == 200:
-                    server.append(time.perf_counter() - start)
+            for route, (bodies, headers) in sent.items():
+                for i in range(first, first + block):
+                    start = time.perf_counter()
+                    async with session.post(f"{url}/predict", data=bodies[i % len(bodies)], headers=headers) as r:
+                        await r.read()
+                    if r.status == 200:
+                        times[route].append(time.perf_counter() - start)
             for i in range(first, first + block):
                 start = time.perf_counter()
                 softmax(model.logits(load_array(data[i % len(data)], model.spec)[None]))
-                bare_s.append(time.perf_counter() - start)
-    return float(np.median(server)) * 1000, float(np.median(bare_s)) * 1000
+                times["bare"].append(time.perf_counter() - start)
+    return {name: float(np.median(values)) * 1000 for name, values in times.items()}
 
 
 def bare(onnx: Path, data: list[bytes], threads: int, parallel: int, requests: int) -> dict[str, float]:
@@ -183,23 +197,48 @@ def run_server(args: argparse.Namespace, config: Config, serve: dict, paths: dic
         ready_s = wait_ready(url, server, started, config.name)
         rss_ready = psutil.Process(server.pid).memory_info().rss / 2**20
         solo = OnnxModel.load(paths["onnx"], threads=config.threads)
-        c1_server, c1_bare = asyncio.run(in_turns(url, solo, data, args.requests))
+        c1 = asyncio.run(in_turns(url, solo, data, args.requests))
         levels = {}
         proc, me = psutil.Process(server.pid), psutil.Process()
         cpu = lambda p: sum(p.cpu_times()[:2])  # noqa: E731 - user + system seconds
         for c in args.concurrency:
-            calls, images_before = batches(url)
-            server_cpu, client_cpu = cpu(proc), cpu(me)
-            levels[c] = asyncio.run(load(url, data, c, args.requests))
-            levels[c]["server_cpu_ms"] = (cpu(proc) - server_cpu) * 1000 / args.requests
-            levels[c]["client_cpu_ms"] = (cpu(me) - client_cpu) * 1000 / args.requests
-            calls_after, images_after = batches(url)
-            levels[c]["batch"] = (images_after - images_before) / max(1.0, calls_after - calls)
+            for route in ROUTES:
+                calls, images_before = batches(url)
+                server_cpu, client_cpu = cpu(proc), cpu(me)
+                level = asyncio.run(load(url, data, c, args.requests, route))
+                level["server_cpu_ms"] = (cpu(proc) - server_cpu) * 1000 / args.requests
+                level["client_cpu_ms"] = (cpu(me) - client_cpu) * 1000 / args.requests
+                calls_after, images_after = batches(url)
+                level["batch"] = (images_after - images_before) / max(1.0, calls_after - calls)
+                levels[(c, route)] = level
         rss = psutil.Process(server.pid).memory_info().rss / 2**20
     finally:
         server.terminate()
         server.wait(timeout=30)
-    return {"levels": levels, "ready_s": ready_s, "rss_ready": rss_ready, "rss": rss, "c1": (c1_server, c1_bare)}
+    return {"levels": levels, "ready_s": ready_s, "rss_ready": rss_ready, "rss": rss, "c1": c1}
+
+
+def drift_cost_us(model: OnnxModel, repeats: int = 20000) -> float:
+    """Microseconds of the drift bookkeeping of one prediction: the per-class counter and the window's add
+    (bin search, counts, the three PSIs), with a reference as export makes one and a full window."""
+    rng = np.random.default_rng(0)
+    names = model.class_names
+    logits = rng.normal(size=(2000, len(names))) * 4
+    probs = softmax(logits)
+    meta = {"drift_reference": reference_json(build_reference(probs[:1000], names))}
+    window = DriftWindow(names, Reference.from_metadata(meta, names, "bench"),
+                         DriftThresholds(500, 200, 0.25, 0.25, 0.25))  # fmt: skip
+    counter = Metrics().predicted_class
+    top = np.sort(probs, axis=1)
+    rows = [(int(p.argmax()), float(t[-1]), float(t[-1] - t[-2])) for p, t in zip(probs, top, strict=True)]
+    for index, top1, margin in rows[:600]:  # the window full, past min_predictions
+        window.add(index, top1, margin)
+    start = time.perf_counter()
+    for i in range(repeats):
+        index, top1, margin = rows[i % len(rows)]
+        counter.labels(label=names[index]).inc()
+        window.add(index, top1, margin)
+    return (time.perf_counter() - start) / repeats * 1e6
 
 
 def wait_ready(url: str, server: subprocess.Popen, started: float, name: str) -> float:
@@ -244,13 +283,14 @@ def main() -> None:
               f"{args.server_python}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
         servers = {config: run_server(args, config, serve, paths, data) for config in args.config}
         floor = bare(onnx, data, 1, 1, args.requests)
+        onnx_path = onnx
         same = {(n, t): bare(onnx, data, t, n, args.requests) for n, t in {(c.streams, c.threads) for c in args.config}}
     header = f"{'':34} {'req/s':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} {'errors':>6} {'img/call':>8} "
     header += "CPU ms/request: server client"
     print(header)
     for config, result in servers.items():
-        for c, r in result["levels"].items():
-            name = f"{config.name} ({config.streams}x{config.threads}t, batch<={config.max_batch}) c={c}"
+        for (c, route), r in result["levels"].items():
+            name = f"{config.name} ({config.streams}x{config.threads}t, batch<={config.max_batch}) {route} c={c}"
             print(f"{name:34} {r['rps']:7.1f} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f} {r['errors']:6d} "
                   f"{r['batch']:8.2f} {r['server_cpu_ms']:21.2f} {r['client_cpu_ms']:6.2f}")  # fmt: skip
     rows = {"bare, 1 thread, one at a time": floor}
@@ -264,19 +304,28 @@ def main() -> None:
         result = servers[config]
         line = f"{config.name}: ready {result['ready_s']:.2f} s after start, RSS {result['rss_ready']:.0f} MiB ready, "
         line += f"{result['rss']:.0f} MiB after the run"
-        c1_server, c1_bare = result["c1"]
-        line += (f"; one at a time, in turns with a bare session ({config.threads}t): p50 {c1_server:.2f} vs "
-                 f"{c1_bare:.2f} ms, {c1_server / c1_bare:.2f}x")  # fmt: skip
+        c1 = result["c1"]
+        line += f"; one at a time, in turns with a bare session ({config.threads}t): p50 bare {c1['bare']:.2f} ms"
+        line += "".join(f", {route} {c1[route]:.2f} ms ({c1[route] / c1['bare']:.2f}x)" for route in ROUTES)
         print(line)
         levels = result["levels"]
-        for c in [c for c in levels if c >= config.streams]:
+        for c, route in [(c, route) for c, route in levels if c >= config.streams]:
             bare_same = (
                 floor if (config.streams, config.threads) == (1, 1) else same[(config.streams, config.threads)]
             )["rps"]
-            ratio = f"c={c}: {levels[c]['rps'] / bare_same:.2f}x bare with the same threads"
+            ratio = f"{route} c={c}: {levels[(c, route)]['rps'] / bare_same:.2f}x bare with the same threads"
             if config in rest:
-                ratio += f", {levels[c]['rps'] / servers[first]['levels'][c]['rps']:.2f}x '{first.name}'"
+                ratio += (
+                    f", {levels[(c, route)]['rps'] / servers[first]['levels'][(c, route)]['rps']:.2f}x '{first.name}'"
+                )
             print(f"  {ratio}")
+    cost = drift_cost_us(OnnxModel.load(onnx_path))
+    last = servers[args.config[-1]]["levels"]
+    at8 = [(c, route) for c, route in last if c == 8]
+    for key in at8:
+        server_ms = last[key]["server_cpu_ms"]
+        print(f"drift bookkeeping: {cost:.1f} us per prediction, {cost / 10 / server_ms:.2f}% of a {key[1]} c=8 "
+              f"request's server CPU ({server_ms:.2f} ms) in '{args.config[-1].name}'")  # fmt: skip
 
 
 if __name__ == "__main__":

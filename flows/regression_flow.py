@@ -1,8 +1,12 @@
-"""regression-flow (deployment `nightly`): the production ONNX model, re-scored on the fixed test set.
+"""regression-flow (deployment `nightly`): the production ONNX model, re-scored on the fixed test set,
+and the served model's drift.
 
 production model (the promoted baseline's ONNX, or paths.onnx at a git revision) + test shards
 -> metrics -> compared with baseline/metrics.json under params.yaml's regression rules -> a verdict
 artifact; the run fails when the model file's hash differs from the recorded one or when it regressed.
+With `server` (a checked URL, flows/drift.py), the server's GET /drift -> a table and a figure artifact;
+drift found (and no regression) ends the run in a Failed state named "Drift", which the drift
+automation (flows/automations.py) reacts to. A server that cannot be read costs one line, not the check.
 """
 
 from __future__ import annotations
@@ -18,6 +22,15 @@ from prefect import flow, get_run_logger, task
 from prefect.states import Failed, State
 
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
+from flows.drift import (
+    DRIFT_STATE,
+    DriftUnavailable,
+    checked_server,
+    publish_drift,
+    publish_unavailable,
+    read_drift,
+    summary,
+)
 from flows.shell import refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
@@ -61,18 +74,37 @@ def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str,
     return score_split(model.load(), shard_dir, "test", batch_size)
 
 
+@task(name="read-server-drift", cache_policy=None)
+def server_drift(base: str) -> dict[str, Any] | None:
+    """GET <server>/drift and its artifacts; None (one line in the log and the artifact) when unreadable."""
+    logger = get_run_logger()
+    try:
+        report = read_drift(base)
+    except DriftUnavailable as exc:
+        logger.warning("drift not read: %s; the regression check runs without it", exc)
+        publish_unavailable(base, str(exc))
+        return None
+    publish_drift(base, report)
+    logger.info("drift of %s: %s", base, summary(report))
+    return report
+
+
 @flow(name="regression-flow", log_prints=True)
-def regression_flow(revision: str | None = None) -> dict[str, Any] | State:
+def regression_flow(revision: str | None = None, server: str | None = None) -> dict[str, Any] | State:
     """Score the production model on the fixed test set and compare it with the promoted baseline.
 
     `revision` (a git commit, branch or tag) scores paths.onnx as of that revision instead of the
-    promoted model; its expected hash is then the one its export stage recorded. It runs in the checkout
-    its deployment names (the working directory).
+    promoted model; its expected hash is then the one its export stage recorded. `server`
+    (http://127.0.0.1:8000, or a URL listed in params.yaml regression.drift_servers) is read for drift.
+    It runs in the checkout its deployment names (the working directory).
     """
     refuse_overriding_env("regression-flow")
     logger = get_run_logger()
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
+    base = checked_server(server, params.regression.drift_servers) if server else None
+    drift = server_drift(base) if base else None
+    drifted = drift is not None and drift["verdict"] == "drift"
     baseline = load_baseline(repo / params.paths.baseline)
     if baseline is None:
         # Not a crash: nothing was promoted yet. The run says so as its state message and artifact.
@@ -80,6 +112,8 @@ def regression_flow(revision: str | None = None) -> dict[str, Any] | State:
                    "run `make promote` after a good train-flow/prod run, then commit baseline/")  # fmt: skip
         publish_no_baseline(message)
         logger.warning("%s", message)
+        if drifted:
+            message += f"; drift of {base}: {summary(drift)}"  # type: ignore[arg-type]
         return Failed(message=message)
     with tempfile.TemporaryDirectory(prefix="regression-flow-") as scratch:
         model = (
@@ -103,8 +137,14 @@ def regression_flow(revision: str | None = None) -> dict[str, Any] | State:
     table = format_table(verdict)
     logger.info("%s", table)
     if not verdict.passed:
-        raise RegressionFound(f"the production model regressed against {params.paths.baseline}:\n{table}")
-    return {"passed": verdict.passed, "metrics": metrics}
+        found = f"; and drift of {base}: {summary(drift)}" if drifted else ""  # type: ignore[arg-type]
+        raise RegressionFound(f"the production model regressed against {params.paths.baseline}{found}:\n{table}")
+    if drifted:
+        # Not Completed: the UI shows it red, by this name, and the drift automation reacts to it.
+        message = (f"drift of {base}: {summary(drift)}; the regression check passed: the model is as good "  # type: ignore[arg-type]
+                   "as its baseline on the test set, but traffic no longer looks like the test set")  # fmt: skip
+        return Failed(name=DRIFT_STATE, message=message)
+    return {"passed": verdict.passed, "metrics": metrics, "drift": drift}
 
 
 if __name__ == "__main__":

@@ -106,7 +106,13 @@ deploy)
   # PWD is what prefect.yaml's pull step records as the working directory of every run.
   # IMAGEPIPE_CHECKOUT stays unset, so run-stage's pull step resolves it on the worker, at run time.
   PWD="$IMAGEPIPE_ROOT" env -u IMAGEPIPE_CHECKOUT prefect --no-prompt deploy --all
-  "$PYTHON" -m flows.automations --within "$IMAGEPIPE_CRASH_AFTER_S"
+  # IMAGEPIPE_DRIFT_NOTIFY=<block-type-slug>/<name> (a notification block on this server): nightly runs that
+  # find drift notify it (docs/watching.md).
+  "$PYTHON" -m flows.automations --within "$IMAGEPIPE_CRASH_AFTER_S" \
+    ${IMAGEPIPE_DRIFT_NOTIFY:+--drift-notify "$IMAGEPIPE_DRIFT_NOTIFY"}
+  if [ -z "${IMAGEPIPE_DRIFT_NOTIFY:-}" ]; then
+    echo "no drift automation: IMAGEPIPE_DRIFT_NOTIFY=<block-type-slug>/<block> names the notification block it sends to"
+  fi
   ;;
 worker)
   require_server

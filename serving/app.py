@@ -229,8 +229,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
     metrics = Metrics()
     state = State()
-    classify = Classifier(state, serve, metrics, ReviewFolder(serve.review_dir, serve.review_max_files,
-                                                              serve.review_max_file_bytes))  # fmt: skip
+    review = ReviewFolder(serve.review_dir, serve.review_max_files, serve.review_max_file_bytes)
+    classify = Classifier(state, serve, metrics, review)
     # serve.streams calls at once (decode + onnxruntime, each on its own thread, one shared session),
     # and the requests that wait for a stream coalesced into one call (serving/batching.py).
     batcher = Batcher(classify, streams=stream_count(serve), max_batch=serve.max_batch, max_queue=serve.max_queue,
@@ -259,7 +259,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _add_error_handlers(app)
 
-    _add_routes(app, state, serve, batcher, metrics)
+    _add_routes(app, state, serve, batcher, metrics, review)
     return app
 
 
@@ -316,7 +316,9 @@ async def upload_of(request: Request) -> tuple[str, bytes]:
                         "with image/* or application/octet-stream, or as multipart/form-data field `file`")  # fmt: skip
 
 
-def _add_routes(app: FastAPI, state: State, serve: ServeParams, batcher: Batcher, metrics: Metrics) -> None:
+def _add_routes(
+    app: FastAPI, state: State, serve: ServeParams, batcher: Batcher, metrics: Metrics, review: ReviewFolder
+) -> None:
     """/health, /ready, /metrics, /drift, /predict and /predict/batch."""
 
     def ensure_ready() -> None:
@@ -347,7 +349,8 @@ def _add_routes(app: FastAPI, state: State, serve: ServeParams, batcher: Batcher
         assert state.drift is not None
         scope = (f"this uvicorn worker only (pid {os.getpid()}); with serve.workers {serve.workers} each worker "
                  "keeps its own window, so a request here sees one worker's traffic")  # fmt: skip
-        return {"model": state.info, "scope": scope, "workers": serve.workers, **state.drift.report()}
+        saved = {"dir": str(review.root.resolve()), "saved": review.count, "max_files": review.max_files}
+        return {"model": state.info, "scope": scope, "workers": serve.workers, **state.drift.report(), "review": saved}
 
     @app.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=PREDICT_BODY)
     async def predict(request: Request) -> JSONResponse:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -268,6 +270,79 @@ def test_regression_flow_fails_on_a_worse_model_and_on_a_changed_file(promoted: 
         record.write_text(original_record)
 
 
+# --- drift of a served model ---------------------------------------------------------------------
+
+
+def test_regression_flow_reads_a_drifting_server_and_ends_in_drift(promoted: Path, tmp_path: Path) -> None:
+    """A real server on the promoted model, fed one class only: the nightly run publishes the drift table and
+    figure, names the class, and ends Failed by the name Drift while its regression check passed."""
+    from flows.drift import FIGURE_KEY, TABLE_KEY
+    from flows.regression_flow import regression_flow
+    from tasks.core.params import DriftParams
+    from tests.helpers.serving import running_server
+
+    one_class = sorted(p for p in (promoted / "data/generated").iterdir() if p.is_dir())[3]
+    images = sorted(one_class.iterdir())
+    drift = DriftParams(window=20, min_predictions=10)
+    with running_server(promoted, tmp_path / "review", drift=drift) as (url, _):
+        for i in range(20):
+            response = httpx.post(f"{url}/predict", content=images[i % len(images)].read_bytes(),
+                                  headers={"content-type": "application/octet-stream"})  # fmt: skip
+            assert response.status_code == 200, response.text
+        state = in_checkout(promoted, regression_flow, server=url, return_state=True)
+    assert state.is_failed() and state.name == "Drift", (state.name, state.message)
+    assert "the regression check passed" in state.message and "class_mix_psi" in state.message
+    artifacts = api_artifacts(state.state_details.flow_run_id)
+    assert KEYS["nightly"] in artifacts and "PASS" in artifacts[KEYS["nightly"]].data
+    rows = (
+        json.loads(artifacts[TABLE_KEY].data)
+        if isinstance(artifacts[TABLE_KEY].data, str)
+        else artifacts[TABLE_KEY].data
+    )
+    mix = next(row for row in rows if row["what"] == "class_mix_psi")
+    assert mix["drift"] is True and mix["value"] > mix["threshold"]
+    figure = artifacts[FIGURE_KEY].data
+    assert "DRIFT" in figure and "data:image/png;base64," in figure and "saved for review" in figure
+    moved = state.message.split("moved most: ")[1]
+    predicted = max((row for row in rows if row["what"].startswith("class ")), key=lambda r: r["observed"])
+    assert moved.startswith(predicted["what"].removeprefix("class ")), (moved, predicted)
+
+
+def test_regression_flow_with_an_unreachable_server_says_so_and_still_checks(promoted: Path) -> None:
+    from flows.drift import FIGURE_KEY
+    from flows.regression_flow import regression_flow
+    from tests.helpers.prefect import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    state = in_checkout(promoted, regression_flow, server=url, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["passed"] is True and state.result()["drift"] is None
+    run_id = state.state_details.flow_run_id
+    logs = api_logs(run_id, wait_for="drift not read")
+    line = next(line for line in logs.splitlines() if "drift not read" in line)
+    assert url in line and "ConnectError" in line and "the regression check runs without it" in line
+    assert "NOT READ" in api_artifacts(run_id)[FIGURE_KEY].data
+
+
+@pytest.mark.parametrize(
+    ("server", "says"),
+    [
+        ("http://example.com:8000", "regression.drift_servers"),
+        ("file:///etc/passwd", "expected http://host[:port]"),
+        ("http://127.0.0.1:8000/drift?x=1", "no path or query"),
+        ("http://127.0.0.1:80a", "not a URL"),
+        ("http://user:pw@127.0.0.1:8000", "expected http://host[:port]"),
+    ],
+)
+def test_a_server_that_is_not_local_or_configured_is_refused(server: str, says: str) -> None:
+    from flows.drift import checked_server
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        checked_server(server)
+    assert checked_server("http://example.com:8000/", ["http://example.com:8000"]) == "http://example.com:8000"
+    assert checked_server("http://localhost:8000") == "http://localhost:8000"
+
+
 # --- crash detection ------------------------------------------------------------------------------
 
 
@@ -289,3 +364,21 @@ def test_crash_automation_is_created_once_then_updated(prefect_api: None) -> Non
     assert [a.state.value for a in automation.actions] == ["CRASHED"]
     with pytest.raises(ValueError, match=r"--within 10: must be at least 31"):
         crash_automation(10)
+
+
+def test_drift_automation_sends_through_a_named_notification_block(prefect_api: None) -> None:
+    from prefect.automations import Automation
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    from flows.automations import ensure_drift_automation
+
+    hook = CustomWebhookNotificationBlock(name="drift", url="http://127.0.0.1:9/hook", json_data={"text": "{{body}}"})
+    hook.save("drift-hook", overwrite=True)
+    first = ensure_drift_automation("custom-webhook/drift-hook")
+    assert ensure_drift_automation("custom-webhook/drift-hook").id == first.id
+    stored = Automation.read(id=first.id)
+    assert stored.trigger.expect == {"prefect.flow-run.Drift"}
+    assert stored.trigger.match_related.get("prefect.resource.name") == "regression-flow"
+    assert [a.type for a in stored.actions] == ["send-notification"]
+    with pytest.raises(ValueError, match=r"--drift-notify 'custom-webhook/nope': no such notification block"):
+        ensure_drift_automation("custom-webhook/nope")
