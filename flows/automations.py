@@ -17,6 +17,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from prefect.automations import Automation
+from prefect.blocks.core import Block
 from prefect.blocks.notifications import NotificationBlock
 from prefect.client.schemas.objects import StateType
 from prefect.events.actions import ChangeFlowRunState, SendNotification
@@ -96,10 +97,10 @@ def ensure_crash_automation(within_s: int = DEFAULT_WITHIN_S) -> Automation:
 def ensure_drift_automation(block: str) -> Automation:
     """The drift automation sending to the notification block named `block` (ValueError, one line, if none)."""
     try:
-        notifier = NotificationBlock.load(block) if "/" in block else None
-    except ValueError:
+        notifier = Block.load(block) if "/" in block else None  # the base class finds the block by its type slug
+    except (ValueError, KeyError):
         notifier = None
-    if notifier is None or notifier._block_document_id is None:
+    if not isinstance(notifier, NotificationBlock) or notifier._block_document_id is None:
         raise ValueError(f"--drift-notify {block!r}: no such notification block on this server; create one (e.g. "
                          "`prefect block create slack-webhook`) and name it as <block-type-slug>/<name>")  # fmt: skip
     return _ensure(drift_automation(notifier._block_document_id))

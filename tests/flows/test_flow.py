@@ -291,21 +291,19 @@ def test_regression_flow_reads_a_drifting_server_and_ends_in_drift(promoted: Pat
             assert response.status_code == 200, response.text
         state = in_checkout(promoted, regression_flow, server=url, return_state=True)
     assert state.is_failed() and state.name == "Drift", (state.name, state.message)
-    assert "the regression check passed" in state.message and "class_mix_psi" in state.message
+    assert "the regression check passed" in state.message
     artifacts = api_artifacts(state.state_details.flow_run_id)
     assert KEYS["nightly"] in artifacts and "PASS" in artifacts[KEYS["nightly"]].data
-    rows = (
-        json.loads(artifacts[TABLE_KEY].data)
-        if isinstance(artifacts[TABLE_KEY].data, str)
-        else artifacts[TABLE_KEY].data
-    )
-    mix = next(row for row in rows if row["what"] == "class_mix_psi")
-    assert mix["drift"] is True and mix["value"] > mix["threshold"]
+    data = artifacts[TABLE_KEY].data
+    rows = json.loads(data) if isinstance(data, str) else data
+    fired = [row for row in rows if row["drift"] is True]
+    assert fired and all(row["value"] > row["threshold"] for row in fired), rows
+    assert all(f"{row['what']} {row['value']:.3f} > " in state.message for row in fired), state.message
+    assert [row["what"] for row in rows if row["what"].startswith("class ")] == [
+        f"class {name}" for name in sorted(p.name for p in (promoted / "data/generated").iterdir() if p.is_dir())
+    ]
     figure = artifacts[FIGURE_KEY].data
     assert "DRIFT" in figure and "data:image/png;base64," in figure and "saved for review" in figure
-    moved = state.message.split("moved most: ")[1]
-    predicted = max((row for row in rows if row["what"].startswith("class ")), key=lambda r: r["observed"])
-    assert moved.startswith(predicted["what"].removeprefix("class ")), (moved, predicted)
 
 
 def test_regression_flow_with_an_unreachable_server_says_so_and_still_checks(promoted: Path) -> None:
@@ -378,7 +376,7 @@ def test_drift_automation_sends_through_a_named_notification_block(prefect_api: 
     assert ensure_drift_automation("custom-webhook/drift-hook").id == first.id
     stored = Automation.read(id=first.id)
     assert stored.trigger.expect == {"prefect.flow-run.Drift"}
-    assert stored.trigger.match_related.get("prefect.resource.name") == "regression-flow"
+    assert stored.trigger.match_related.get("prefect.resource.name") == ["regression-flow"]
     assert [a.type for a in stored.actions] == ["send-notification"]
     with pytest.raises(ValueError, match=r"--drift-notify 'custom-webhook/nope': no such notification block"):
         ensure_drift_automation("custom-webhook/nope")
