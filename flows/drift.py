@@ -107,7 +107,7 @@ def drift_figure(report: dict[str, Any]) -> bytes:
     for ax, part, label in ((axes[1], "top1", "top-1 probability"), (axes[2], "margin", "margin (top-1 - top-2)")):
         hist = report[part]
         edges = [0.0, *hist["edges"], 1.0]
-        names = [f"{lo:.3g}-{hi:.3g}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
+        names = [f"{lo:.4f}-{hi:.4f}" for lo, hi in zip(edges[:-1], edges[1:], strict=True)]  # top deciles: 0.999x
         expected = np.array(hist["expected"], dtype=float)
         observed = np.array(hist["observed"], dtype=float)
         b = np.arange(len(names))
