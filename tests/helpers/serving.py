@@ -21,6 +21,24 @@ from tests.helpers.project import ROOT, TINY, deep_update
 PARAMS = Params.model_validate(deep_update(TINY, {"export": {"formats": ["onnx"]}}))
 
 
+def trained_and_exported(root: Path, params: Params = PARAMS) -> Path:
+    """root/images (an ImageFolder already there) -> shards/, models/model.pt, models/model.onnx (+ exports/),
+    reports/export.json: the pipeline's stages run in process, as the server finds them."""
+    from tasks import export, preprocess, train
+
+    preprocess.run(params.preprocess, seed=params.seed, source=root / "images", out_dir=root / "shards")
+    train.run(
+        params.train, seed=params.seed, shard_dir=root / "shards", model_path=root / "models" / "model.pt",
+        history_path=root / "h.json", plot_path=root / "h.png", runs_dir=root / "runs", provenance={},
+    )  # fmt: skip
+    export.run(
+        params.export, seed=params.seed, model_path=root / "models" / "model.pt", shard_dir=root / "shards",
+        onnx_path=root / "models" / "model.onnx", exports_dir=root / "models" / "exports",
+        report_path=root / "reports" / "export.json", timings_path=root / "reports" / "export_timings.json",
+    )  # fmt: skip
+    return root
+
+
 SERVE = ServeParams(threads=1, warmup_runs=1, max_body_bytes=256 * 1024, max_batch_files=4, max_pixels=1_000_000)
 
 

@@ -16,7 +16,6 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from serving.app import create_app
-from tasks import export, preprocess, train
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import DriftParams, Params
 from tasks.images.imaging import load_array
@@ -26,7 +25,7 @@ from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import TINY, deep_update
-from tests.helpers.serving import SERVE, paths_of, running_server
+from tests.helpers.serving import SERVE, paths_of, running_server, trained_and_exported
 
 # Trained long enough to tell the colours apart (the traffic of one class is then predicted as that class).
 PARAMS = Params.model_validate(
@@ -36,20 +35,10 @@ PARAMS = Params.model_validate(
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """3 colour classes x 80 images, trained one epoch and exported: about 48 test images in the reference."""
+    """3 colour classes x 80 images, trained 4 epochs and exported: about 48 test images in the reference."""
     root = tmp_path_factory.mktemp("drift")
     make_imagefolder(root / "images", classes=3, per_class=80, seed=5)
-    preprocess.run(PARAMS.preprocess, seed=PARAMS.seed, source=root / "images", out_dir=root / "shards")
-    train.run(
-        PARAMS.train, seed=PARAMS.seed, shard_dir=root / "shards", model_path=root / "models" / "model.pt",
-        history_path=root / "h.json", plot_path=root / "h.png", runs_dir=root / "runs", provenance={},
-    )  # fmt: skip
-    export.run(
-        PARAMS.export, seed=PARAMS.seed, model_path=root / "models" / "model.pt", shard_dir=root / "shards",
-        onnx_path=root / "models" / "model.onnx", exports_dir=root / "models" / "exports",
-        report_path=root / "reports" / "export.json", timings_path=root / "reports" / "export_timings.json",
-    )  # fmt: skip
-    return root
+    return trained_and_exported(root, PARAMS)
 
 
 def png(pixels: np.ndarray) -> bytes:
