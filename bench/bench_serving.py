@@ -47,7 +47,14 @@ from serving.app import stream_count  # noqa: E402
 from serving.monitoring import Metrics  # noqa: E402
 from tasks.core.params import ServeParams  # noqa: E402
 from tasks.images.imaging import load_array  # noqa: E402
-from tasks.release.drift import DriftThresholds, DriftWindow, Reference, build_reference, reference_json  # noqa: E402
+from tasks.release.drift import (  # noqa: E402
+    DriftThresholds,
+    DriftWindow,
+    Reference,
+    build_reference,
+    reference_json,
+    top1_and_margin,
+)  # noqa: E402
 from tasks.release.inference import OnnxModel, softmax  # noqa: E402
 
 SERVER = """
@@ -229,8 +236,8 @@ def drift_cost_us(model: OnnxModel, repeats: int = 20000) -> float:
     window = DriftWindow(names, Reference.from_metadata(meta, names, "bench"),
                          DriftThresholds(500, 200, 0.25, 0.25, 0.25))  # fmt: skip
     counter = Metrics().predicted_class
-    top = np.sort(probs, axis=1)
-    rows = [(int(p.argmax()), float(t[-1]), float(t[-1] - t[-2])) for p, t in zip(probs, top, strict=True)]
+    top1, margin = top1_and_margin(probs)
+    rows = list(zip(probs.argmax(axis=1).tolist(), top1.tolist(), margin.tolist(), strict=True))
     for index, top1, margin in rows[:600]:  # the window full, past min_predictions
         window.add(index, top1, margin)
     start = time.perf_counter()

@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import hashlib
 import logging
-import math
 import os
 import threading
 from collections.abc import Sequence
@@ -25,17 +24,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from python_multipart.multipart import parse_options_header
-from starlette.datastructures import UploadFile as StarletteUpload
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.batching import Batcher, QueueFull
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_reason
-from serving.monitoring import Metrics, ReviewFolder, log
+from serving.monitoring import Metrics, ReviewFolder, log, log_drift
 from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
+from serving.uploads import PREDICT_BODY, upload_of
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
-from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftThresholds, DriftWindow, Reference
+from tasks.release.drift import DriftThresholds, DriftWindow, Reference
 from tasks.release.inference import OnnxModel, ranked, softmax
 from tasks.release.production import ProductionModel, production_model
 
@@ -88,21 +86,6 @@ def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> N
     metrics.model.labels(sha256=model.sha256, source=source.source).set(1)
     metrics.ready.set(1)
     log.info("serving %s (%s, sha256 %s), warm", source.path, source.source, model.sha256)
-
-
-def log_drift(verdict: str, report: dict[str, Any]) -> None:
-    """Once when this worker's window crosses a threshold, once when it is back under 0.8 x every threshold."""
-    n = report["window"]["filled"]
-    stats = ", ".join(
-        f"{name} {s['value']:.3f} (threshold {s['threshold']})" for name, s in report["statistics"].items()
-    )
-    moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report["moved_most"])
-    if verdict == DRIFT:
-        log.warning("drift in the last %d predictions of worker %d: %s; moved most: %s (GET /drift)",
-                    n, os.getpid(), stats, moved)  # fmt: skip
-    else:
-        log.warning("drift over: the last %d predictions of worker %d are back under 0.8 x every threshold: %s",
-                    n, os.getpid(), stats)  # fmt: skip
 
 
 def release_freed_memory() -> None:
@@ -238,9 +221,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     metrics.streams.set(batcher.streams)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.streams_busy.set_function(lambda: batcher.busy)
-    _drift_gauges(metrics, state)
-    for statistic in STATISTICS:
-        metrics.drift_threshold.labels(statistic=statistic).set(getattr(serve.drift, statistic))
+    metrics.watch_drift(lambda: state.drift, serve.drift)
 
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
         loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
@@ -261,59 +242,6 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
 
     _add_routes(app, state, serve, batcher, metrics, review)
     return app
-
-
-def _drift_gauges(metrics: Metrics, state: State) -> None:
-    """The drift statistics as gauges, read from the window when Prometheus scrapes (nothing per prediction)."""
-
-    def value(statistic: str) -> float:
-        values = state.drift.values() if state.drift else None
-        return values[statistic] if values else math.nan
-
-    for statistic in STATISTICS:
-        metrics.drift_statistic.labels(statistic=statistic).set_function(lambda s=statistic: value(s))
-    for verdict in VERDICTS:
-        metrics.drift_verdict.labels(verdict=verdict).set_function(
-            lambda v=verdict: float(state.drift is not None and state.drift.verdict == v)
-        )
-    metrics.drift_window.set_function(lambda: state.drift.filled if state.drift else 0)
-
-
-# POST /predict's body, both ways (the route reads the request itself, so FastAPI documents it from here).
-_BINARY = {"schema": {"type": "string", "format": "binary"}}
-PREDICT_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/octet-stream": _BINARY,
-            "image/*": _BINARY,
-            "multipart/form-data": {
-                "schema": {"type": "object", "required": ["file"], "properties": {"file": _BINARY["schema"]}}
-            },
-        },
-    }
-}
-RAW_TYPES = ("image/", "application/octet-stream")
-FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
-
-
-async def upload_of(request: Request) -> tuple[str, bytes]:
-    """The one image of a POST /predict: the raw body (image/*, application/octet-stream; its name from
-    Content-Disposition's filename, else "body") or the multipart field `file`."""
-    content_type = request.headers.get("content-type", "")
-    media = content_type.partition(";")[0].strip().lower()
-    if media.startswith(RAW_TYPES):
-        _, options = parse_options_header(request.headers.get("content-disposition", ""))
-        name = options.get(b"filename", b"body").decode("utf-8", "replace") or "body"
-        return name, await request.body()
-    if media in FORM_TYPES:  # a urlencoded form cannot carry a file: 422 naming the field, as before
-        async with request.form() as form:
-            file = form.get("file")
-            if not isinstance(file, StarletteUpload):
-                raise HTTPException(422, "invalid_request: body.file: Field required (a multipart file field `file`)")
-            return file.filename or "file", await file.read()
-    raise HTTPException(415, f"unsupported_media_type: Content-Type {content_type!r}; send the image as the body "
-                        "with image/* or application/octet-stream, or as multipart/form-data field `file`")  # fmt: skip
 
 
 def _add_routes(

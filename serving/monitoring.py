@@ -10,8 +10,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
+import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,9 @@ from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tasks.core.io import atomic_file
+from tasks.core.params import DriftParams
 from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
+from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftWindow
 
 log = logging.getLogger("serving")
 
@@ -60,6 +65,41 @@ class Metrics:
         self.queue_depth = Gauge("serve_queue_depth", "images waiting for a free stream", registry=r)
         self.batch_size = Histogram("serve_batch_size", "uploads per inference call (dynamic batching)",
                                     buckets=_BATCH_BUCKETS, registry=r)  # fmt: skip
+
+    def watch_drift(self, window: Callable[[], DriftWindow | None], params: DriftParams) -> None:
+        """The drift gauges, read from the window (None until the model loads) when Prometheus scrapes:
+        nothing per prediction."""
+
+        def value(statistic: str) -> float:
+            drift = window()
+            values = drift.values() if drift else None
+            return values[statistic] if values else math.nan
+
+        def verdict_is(verdict: str) -> float:
+            drift = window()
+            return float(drift is not None and drift.verdict == verdict)
+
+        for statistic in STATISTICS:
+            self.drift_statistic.labels(statistic=statistic).set_function(lambda s=statistic: value(s))
+            self.drift_threshold.labels(statistic=statistic).set(getattr(params, statistic))
+        for verdict in VERDICTS:
+            self.drift_verdict.labels(verdict=verdict).set_function(lambda v=verdict: verdict_is(v))
+        self.drift_window.set_function(lambda: drift.filled if (drift := window()) else 0)
+
+
+def log_drift(verdict: str, report: dict[str, Any]) -> None:
+    """Once when this worker's window crosses a threshold, once when it is back under 0.8 x every threshold."""
+    n = report["window"]["filled"]
+    stats = ", ".join(
+        f"{name} {s['value']:.3f} (threshold {s['threshold']})" for name, s in report["statistics"].items()
+    )
+    moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report["moved_most"])
+    if verdict == DRIFT:
+        log.warning("drift in the last %d predictions of worker %d: %s; moved most: %s (GET /drift)",
+                    n, os.getpid(), stats, moved)  # fmt: skip
+    else:
+        log.warning("drift over: the last %d predictions of worker %d are back under 0.8 x every threshold: %s",
+                    n, os.getpid(), stats)  # fmt: skip
 
 
 def image_suffix(data: bytes) -> str | None:

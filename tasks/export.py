@@ -127,15 +127,10 @@ def run(
         atomic_path(onnx_path) as tmp_onnx,  # in place only once every gate passed
     ):
         export_onnx(model, spec, tmp_onnx, params.opset)
-        write_metadata(tmp_onnx, {**metadata, "format": "onnx"})
         reference = predict_logits(model, images, spec, params.batch_size)
-        fp32_logits = OnnxModel.load(tmp_onnx, threads=threads).logits(images, params.batch_size)
-        # The served model's own predictions on the test split, stored with it: what /drift compares traffic to.
-        # Rewriting metadata_props leaves the graph as it was, so these logits are the final file's.
-        drift = build_reference(softmax(fp32_logits), spec.class_names)
-        write_metadata(tmp_onnx, {**metadata, "format": "onnx", REFERENCE_KEY: reference_json(drift)})
+        fp32, fp32_logits, drift = _scored_with_reference(tmp_onnx, {**metadata, "format": "onnx"}, images, params,
+                                                          threads)  # fmt: skip
         onnx.checker.check_model(str(tmp_onnx), full_check=True)
-        fp32 = OnnxModel.load(tmp_onnx, threads=threads)
         report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images), "opset": params.opset,
                                   "onnx_sha256": fp32.sha256, "drift_reference": drift}  # fmt: skip
         checks = parity_checks("onnx", report, params)
@@ -185,6 +180,20 @@ def _metadata(
     }
 
 
+def _scored_with_reference(
+    path: Path, metadata: dict[str, str], images: np.ndarray, params: ExportParams, threads: int
+) -> tuple[OnnxModel, np.ndarray, dict[str, Any]]:
+    """The ONNX file's metadata, then its logits on the test split, then its drift reference (its own predictions
+    there: what /drift compares traffic to) added to the metadata. Rewriting metadata_props leaves the graph as
+    it was, so the logits are the final file's. The session over the final bytes, the logits, the reference."""
+    write_metadata(path, metadata)
+    scored = OnnxModel.load(path, threads=threads)
+    logits = scored.logits(images, params.batch_size)
+    drift = build_reference(softmax(logits), scored.class_names)
+    write_metadata(path, {**metadata, REFERENCE_KEY: reference_json(drift)})
+    return OnnxModel.load(path, threads=threads), logits, drift
+
+
 def _torchscript(
     model: torch.nn.Module, spec: PreprocessSpec, staging: Path, metadata: dict[str, str], reference: np.ndarray,
     images: np.ndarray, params: ExportParams,
@@ -207,11 +216,8 @@ def _int8(
     its accuracy vs the baseline. The file is not kept."""
     quantize_int8(fp32_path, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
                   per_channel=params.int8.per_channel, keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
-    write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8"})
-    int8_logits = OnnxModel.load(staging / INT8_FILE, threads=threads).logits(images, params.batch_size)
-    drift = reference_json(build_reference(softmax(int8_logits), fp32.class_names))  # its own predictions
-    write_metadata(staging / INT8_FILE, {**metadata, "format": "onnx_int8", REFERENCE_KEY: drift})
-    int8 = OnnxModel.load(staging / INT8_FILE, threads=threads)
+    int8, int8_logits, _ = _scored_with_reference(staging / INT8_FILE, {**metadata, "format": "onnx_int8"}, images,
+                                                  params, threads)  # fmt: skip
     q = int8_report(fp32_logits, int8_logits, labels)
     gates = int8_checks(q, params)
     kept = all(c.passed for c in gates)

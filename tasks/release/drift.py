@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,18 +51,6 @@ def _edges(values: np.ndarray, bins: int) -> list[float]:
     """Inner bin edges at the values' quantiles (real sample values, duplicates dropped)."""
     inner = np.quantile(values, np.linspace(0, 1, bins + 1)[1:-1], method="inverted_cdf")
     return [float(v) for v in np.unique(inner)]
-
-
-def _bin(edges: Sequence[float], value: float) -> int:
-    """The bin of `value`: 0 below the first inner edge, len(edges) at or above the last."""
-    lo, hi = 0, len(edges)
-    while lo < hi:  # bisect_right, inlined: this runs once per prediction
-        mid = (lo + hi) // 2
-        if value < edges[mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _counts(values: np.ndarray, edges: Sequence[float]) -> list[int]:
@@ -156,6 +145,18 @@ class DriftThresholds:
     def of(self, statistic: str) -> float:
         return float(getattr(self, statistic))
 
+    def exceeded(self, values: Mapping[str, float]) -> list[str]:
+        """The statistics over their thresholds."""
+        return [s for s in STATISTICS if values[s] > self.of(s)]
+
+    def verdict(self, values: Mapping[str, float] | None, filled: int) -> str:
+        """What /drift says of a window of `filled` predictions with these statistics (None: no reference)."""
+        if values is None:
+            return NO_REFERENCE
+        if filled < self.min_predictions:
+            return NOT_ENOUGH
+        return DRIFT if self.exceeded(values) else OK
+
 
 class DriftWindow:
     """The last `window` predictions of this process, counted per class and per top-1 / margin bin.
@@ -179,8 +180,9 @@ class DriftWindow:
 
     def add(self, index: int, top1: float, margin: float) -> None:
         ref = self.reference
-        t = _bin(ref.top1_edges, top1) if ref else 0
-        m = _bin(ref.margin_edges, margin) if ref else 0
+        # bin 0 below the first inner edge, len(edges) at or above the last: as _counts bins the reference
+        t = bisect_right(ref.top1_edges, top1) if ref else 0
+        m = bisect_right(ref.margin_edges, margin) if ref else 0
         with self._lock:
             self.total[index] += 1
             self._classes[index] += 1
@@ -195,7 +197,7 @@ class DriftWindow:
             if ref is None or len(self._recent) < self.thresholds.min_predictions:
                 return
             values = self._statistics()
-            if not self._alert and any(values[s] > self.thresholds.of(s) for s in STATISTICS):
+            if not self._alert and self.thresholds.exceeded(values):
                 self._alert = changed = True
             elif self._alert and all(values[s] <= RECOVER * self.thresholds.of(s) for s in STATISTICS):
                 self._alert, changed = False, True
@@ -207,12 +209,7 @@ class DriftWindow:
     @property
     def verdict(self) -> str:
         """The verdict now, as /drift gives it."""
-        values = self.values()
-        if values is None:
-            return NO_REFERENCE
-        if self.filled < self.thresholds.min_predictions:
-            return NOT_ENOUGH
-        return DRIFT if any(values[s] > self.thresholds.of(s) for s in STATISTICS) else OK
+        return self.thresholds.verdict(self.values(), self.filled)
 
     @property
     def filled(self) -> int:
@@ -255,10 +252,10 @@ class DriftWindow:
         terms = psi_terms(classes, ref.class_counts)
         per_class = [{"class": name, "observed": round(o, 4), "expected": round(e, 4), "contribution": round(t, 4)}
                      for name, o, e, t in zip(self.classes, observed, expected, terms, strict=True)]  # fmt: skip
-        enough = n >= th.min_predictions
-        statistics = {s: {"value": round(values[s], 4), "threshold": th.of(s),
-                          "exceeded": enough and values[s] > th.of(s)} for s in STATISTICS}  # fmt: skip
-        verdict = NOT_ENOUGH if not enough else DRIFT if any(v["exceeded"] for v in statistics.values()) else OK
+        verdict = th.verdict(values, n)
+        over = th.exceeded(values) if verdict != NOT_ENOUGH else []
+        statistics = {s: {"value": round(values[s], 4), "threshold": th.of(s), "exceeded": s in over}
+                      for s in STATISTICS}  # fmt: skip
         moved = sorted(per_class, key=lambda row: -abs(row["observed"] - row["expected"]))[:3]
         return {
             "verdict": verdict,
