@@ -33,7 +33,7 @@ from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
 from serving.uploads import PREDICT_BODY, upload_of
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
-from tasks.release.drift import DriftThresholds, DriftWindow, Reference
+from tasks.release.drift import DriftThresholds, DriftWindow, Reference, sampling_psi
 from tasks.release.inference import OnnxModel, ranked, softmax
 from tasks.release.production import ProductionModel, production_model
 
@@ -82,6 +82,13 @@ def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> N
     if reference is None:
         log.warning("%s carries no drift reference (exported before drift references): /drift says 'no reference'; "
                     "re-export it to watch drift", source.path)  # fmt: skip
+    elif (noise := sampling_psi(reference, serve.drift.window)) > 0.5 * min(
+        serve.drift.class_mix_psi, serve.drift.top1_psi, serve.drift.margin_psi
+    ):
+        log.warning("%s: its drift reference holds %d test images, so traffic drawn like the test set shows a PSI of "
+                    "about %.2f from sampling alone (thresholds %s, %s, %s in serve.drift): grow the test split or "
+                    "raise the thresholds", source.path, reference.num_samples, noise, serve.drift.class_mix_psi,
+                    serve.drift.top1_psi, serve.drift.margin_psi)  # fmt: skip
     state.model, state.source = model, source
     metrics.model.labels(sha256=model.sha256, source=source.source).set(1)
     metrics.ready.set(1)

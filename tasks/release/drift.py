@@ -122,6 +122,13 @@ class Reference:
         return ref
 
 
+def sampling_psi(reference: Reference, window: int) -> float:
+    """About the PSI over the top-1 (or margin) deciles that a full window drawn exactly like the test set shows
+    from sampling alone: (bins - 1) / n for each of the two samples (the reference's and the window's)."""
+    bins = len(reference.top1_counts)
+    return (bins - 1) / reference.num_samples + (bins - 1) / window
+
+
 def shares(counts: Sequence[int]) -> list[float]:
     """Counts -> shares, none below SHARE_FLOOR: an empty bin stays finite in the log, and a bin empty on
     both sides adds nothing."""

@@ -20,6 +20,7 @@ from tasks.release.drift import (
     Reference,
     build_reference,
     reference_json,
+    sampling_psi,
     top1_and_margin,
 )
 
@@ -129,3 +130,19 @@ def test_a_reference_naming_a_class_the_model_lacks_is_refused_in_one_line(test_
     with pytest.raises(DriftReferenceError, match="malformed"):
         Reference.from_metadata({REFERENCE_KEY: json.dumps(broken)}, CLASSES, "m.onnx")
     assert Reference.from_metadata({}, CLASSES, "m.onnx") is None
+
+
+def test_the_sampling_noise_of_a_small_reference_is_what_a_window_like_the_test_split_shows() -> None:
+    """sampling_psi's estimate against the top-1 PSI measured on windows drawn like a 50-image test split."""
+    rng = np.random.default_rng(5)
+    small = confident(rng, 50, list(rng.integers(0, 4, 50)), sharpness=1.5)
+    ref = reference_of(small)
+    estimate = sampling_psi(ref, 400)
+    assert estimate == pytest.approx(9 / 50 + 9 / 400)
+    measured = []
+    for _ in range(20):
+        window = DriftWindow(CLASSES, ref, THRESHOLDS)
+        feed(window, confident(rng, 400, list(rng.integers(0, 4, 400)), sharpness=1.5))
+        measured.append(window.report()["statistics"]["top1_psi"]["value"])
+    assert 0.5 * estimate < float(np.median(measured)) < 2 * estimate, (estimate, measured)
+    assert sampling_psi(reference_of(confident(rng, 1000, list(rng.integers(0, 4, 1000)))), 500) < 0.03

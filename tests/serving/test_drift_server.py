@@ -148,3 +148,26 @@ def test_an_older_model_without_a_reference_is_served_and_drift_says_so(exported
         assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
         drift = client.get("/drift").json()
     assert drift["verdict"] == "no reference" and sum(drift["predictions_total"].values()) == 1
+
+
+def test_a_reference_too_small_for_the_thresholds_is_named_at_startup(
+    exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """About 48 test images: 9/48 + 9/500 = 0.2 of PSI from sampling alone, near the 0.25 thresholds."""
+    serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
+    with (
+        caplog.at_level("WARNING", logger="serving"),
+        TestClient(create_app(serve, paths_of(exported), load_in_background=False)) as client,
+    ):
+        assert client.get("/ready").status_code == 200  # served all the same
+    n = read_json(exported / "reports" / "export.json")["drift_reference"]["num_samples"]
+    said = [r.getMessage() for r in caplog.records if "from sampling alone" in r.getMessage()]
+    assert len(said) == 1 and f"holds {n} test images" in said[0] and "grow the test split" in said[0], said
+    roomy = serve.model_copy(update={"drift": DriftParams(class_mix_psi=1.0, top1_psi=1.0, margin_psi=1.0)})
+    caplog.clear()
+    with (
+        caplog.at_level("WARNING", logger="serving"),
+        TestClient(create_app(roomy, paths_of(exported), load_in_background=False)),
+    ):
+        pass
+    assert not [r for r in caplog.records if "from sampling alone" in r.getMessage()]
