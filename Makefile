@@ -96,12 +96,15 @@ pull: setup
 check-reproduced: setup
 	$(BIN)/python scripts/lock_diff.py HEAD
 
-# Your ImageFolder as versioned data: copied to data/raw/$(NAME), `dvc add`ed, params.yaml's data.source
-# pointed at it. Then commit the .dvc file (the command prints what to add) and `dvc push`.
+# Your ImageFolder as versioned data: NAME= copies it to data/raw/$(NAME), `dvc add`s it and points params.yaml's
+# data.source at it; INTO= merges new images into the existing data/raw/$(INTO) (duplicates skipped, conflicts
+# refused, `dvc add`ed again, data.source unchanged; SRC=data/review is then emptied of what it took).
+# Then commit the .dvc file (the command prints what to add) and `dvc push`.
 add-data: setup
 	@test -n "$(SRC)" || { echo "error: SRC is missing: make add-data SRC=/path/to/images NAME=pets" >&2; exit 2; }
-	@test -n "$(NAME)" || { echo "error: NAME is missing: make add-data SRC=$(SRC) NAME=pets" >&2; exit 2; }
-	$(BIN)/python -m tasks.tools.add_data "$(SRC)" "$(NAME)"
+	@test -n "$(NAME)$(INTO)" || { echo "error: NAME or INTO is missing: make add-data SRC=$(SRC) NAME=pets (a new dataset) or INTO=pets (grow data/raw/pets)" >&2; exit 2; }
+	@test -z "$(NAME)" || test -z "$(INTO)" || { echo "error: NAME=$(NAME) and INTO=$(INTO) both given: NAME makes a new dataset, INTO grows an existing one; give one" >&2; exit 2; }
+	$(BIN)/python -m tasks.tools.add_data "$(SRC)" $(if $(INTO),--into "$(INTO)","$(NAME)")
 
 # torchvision's published weights for train.pretrained, as a DVC-tracked file in models/pretrained/: `dvc import-url`
 # of its URL (internet needed), or SRC=/path/to/the/file to `dvc add` a copy you have. Checked against the hash in

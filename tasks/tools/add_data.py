@@ -5,8 +5,11 @@ copied to data/raw/NAME (written beside it and renamed in, so a failed copy leav
 complete), `dvc add`ed, and params.yaml's `data.source` is pointed at it (DVC's own params writer, the one
 `dvc exp run -S` uses, so the rest of the file stays as it is). SRC itself is never modified. Then commit
 data/raw/NAME.dvc, data/raw/.gitignore and params.yaml, and `dvc push` stores the images: any commit can
-rebuild its model from the data it was trained on. The server's review folder (data/review) comes in the same
-way.
+rebuild its model from the data it was trained on.
+
+`make add-data SRC=new/ INTO=pets` grows data/raw/pets instead (tasks/tools/data_merge.py): new images merged in,
+duplicates skipped, `dvc add`ed again, data.source left as it is. That is how the server's review folder
+(serve.review_dir) comes in: what was taken then leaves the review folder.
 """
 
 from __future__ import annotations
@@ -25,10 +28,21 @@ from tasks.core.errors import StageError
 from tasks.core.params import PARAMS_FILE, Params
 from tasks.core.private_api import set_params
 from tasks.images.layout import read_layout
+from tasks.tools.data_merge import merge
 
 log = logging.getLogger(__name__)
 RAW = Path("data/raw")
 NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def grow(src: Path, name: str, *, params: Params, raw_dir: Path = RAW) -> Path:
+    """Merge `src` into the DVC-tracked raw_dir/name (`make add-data ... INTO=name`); returns that folder."""
+    if not NAME_RULE.fullmatch(name):
+        raise StageError(f"INTO {name!r}: use letters, digits, '.', '_' or '-' (at most 64, no '/'): the name of a "
+                         "dataset under data/raw/, e.g. INTO=pets")  # fmt: skip
+    dest = raw_dir / name
+    merge(src, name, dest, params=params)
+    return dest
 
 
 def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS_FILE) -> Path:
@@ -65,9 +79,15 @@ def run(src: Path, name: str, *, raw_dir: Path = RAW, params_file: Path = PARAMS
 def _main(params: Params) -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.tools.add_data", description=__doc__.splitlines()[0])
     parser.add_argument("src", type=Path, help="an ImageFolder: SRC/<class>/<image> or SRC/<split>/<class>/<image>")
-    parser.add_argument("name", help="the folder name under data/raw/")
+    parser.add_argument("name", nargs="?", help="a new dataset: the folder name under data/raw/")
+    parser.add_argument("--into", help="an existing DVC-tracked dataset under data/raw/ to merge SRC into")
     args = parser.parse_args()
-    run(args.src, args.name)
+    if (args.name is None) == (args.into is None):
+        parser.error("give NAME (a new dataset) or --into NAME (grow one), not both or neither")
+    if args.into is not None:
+        grow(args.src, args.into, params=params)
+    else:
+        run(args.src, args.name)
 
 
 def main() -> None:
