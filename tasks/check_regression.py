@@ -1,19 +1,27 @@
 """Stage check_regression: exported ONNX (hash-verified) + test shards + baseline/ -> regression.json, .md.
 
-The model that ships is scored through the serving path (tasks.release.inference) on the fixed test split
-and compared with the promoted baseline under params.yaml's rules; the export's deferred gates
-(INT8 vs fp32, recorded in export.json) are part of the same verdict. Exits 1 on any failed rule or
-gate, and on a baseline scored on another test set (one `different test set` line), except inside
+The model that ships and the promoted baseline's model (baseline/model.onnx, hash-verified against
+baseline/model.json: a file that fails is refused, never re-scored or skipped) are both scored through the
+serving path (tasks.release.inference) on today's test split, image by image, and compared under
+params.yaml's rules with a paired test on the same images (tasks.release.verdict); the export's deferred gates
+(INT8 vs fp32, recorded in export.json) are part of the same verdict. The baseline side is the baseline as
+re-scored today, so images added to the test split since the promotion are compared too, and the verdict says
+how many (baseline/test_set.json, written by `make promote`, lists the promoted test images).
+baseline/metrics.json (its metrics at promotion) says that a baseline exists and is shown beside the re-scored
+figures; a baseline promoted before model.onnx was kept is compared with it on the tolerances alone.
+
+Exits 1 on any failed rule or gate, and on a baseline that cannot be scored on these shards (other classes or
+another image size: one `different test set` line; only then is `make promote` needed), except inside
 `dvc exp run`: there the verdict is recorded in reports/gate.json, a DVC metric that `dvc exp show`
 lists, and the experiment is kept. With no baseline yet the baseline rules pass and say so.
 
 The stage is `always_changed` in dvc.yaml: whether the gate is enforced is decided when it runs, so
 `dvc repro` and `dvc repro -s check_regression` after an experiment enforce the verdict the experiment
 only recorded, and no DVC skip or run cache stands in for the gate. Scoring the test split is the
-costly part: the scores are kept in `<paths.runs>/check_regression/scores.json` (unversioned, like the
-checkpoints: DVC removes a stage's outputs before it runs) and reused when they were made from the same
-ONNX bytes, test shards, batch size, stage code and environment record (`scoring_key`); the comparison
-with the baseline and the export gates is made again every time.
+costly part: each model's scores are kept in `<paths.runs>/check_regression/` (scores.json for the exported
+model, baseline_scores.json for the baseline's; unversioned, like the checkpoints: DVC removes a stage's
+outputs before it runs) and reused when they were made from the same ONNX bytes, test split, batch size, stage
+code and environment record (`scoring_key`); the comparison is made again every time.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +39,32 @@ from tasks.core.environment import dvc_experiment, stage_code
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, read_json, sha256_file, write_json
 from tasks.core.params import Params, RegressionParams
-from tasks.core.paths import BASELINE_METRICS
-from tasks.images.shards import MANIFEST
+from tasks.core.paths import BASELINE_METRICS, BASELINE_ONNX
+from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import load_manifest
+from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
 from tasks.release.parity import Check
-from tasks.release.production import baseline_sha256, load_baseline, load_verified_model, recorded_onnx_sha256
-from tasks.release.scoring import score_split
-from tasks.release.verdict import Verdict, compare, format_table
+from tasks.release.production import (
+    BASELINE_TEST_SET,
+    ProductionModel,
+    baseline_model,
+    baseline_sha256,
+    load_baseline,
+    load_promoted_test_set,
+    load_verified_model,
+    recorded_onnx_sha256,
+)
+from tasks.release.scoring import SplitScores, score_images, split_images
+from tasks.release.verdict import Paired, Verdict, compare, describe_test_set, format_table
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Scored:
+    onnx_sha256: str
+    scores: SplitScores
+    key: str  # scoring_key: what the scores were made from
 
 
 def export_gates(export_report: Path) -> tuple[Check, ...]:
@@ -57,47 +84,144 @@ def export_gates(export_report: Path) -> tuple[Check, ...]:
 
 
 def scoring_key(onnx_sha256: str, shard_dir: Path, batch_size: int, environment_record: Path | None) -> str:
-    """What the test split's scores depend on: the ONNX bytes, the shards (their manifest holds every shard's
-    sha256), the batch size, this stage's code as dvc.yaml lists it, and its environment record (onnxruntime's
-    version, the CPU's flags, the cores)."""
+    """What a model's test scores depend on: the ONNX bytes, the test split (its shards' sha256, which cover
+    pixels and labels, its images' content hashes in order, the class names), the batch size, this stage's code
+    as dvc.yaml lists it, and its environment record (onnxruntime's version, the CPU's flags, the cores).
+    Images added to the train or val split leave it as it was."""
+    manifest = load_manifest(shard_dir)
     record = environment_record.read_bytes() if environment_record and environment_record.is_file() else b""
-    key = {"onnx": onnx_sha256, "manifest": sha256_file(shard_dir / MANIFEST), "batch_size": batch_size,
-           "code": stage_code("check_regression", Path(__file__).resolve().parents[1]),
+    images = "\n".join(split_images(shard_dir, "test", manifest)).encode()
+    key = {"onnx": onnx_sha256, "test_shards": [e["sha256"] for e in manifest["splits"]["test"]["shards"]],
+           "test_images": hashlib.sha256(images).hexdigest(), "class_names": manifest["class_names"],
+           "batch_size": batch_size, "code": stage_code("check_regression", Path(__file__).resolve().parents[1]),
            "environment": hashlib.sha256(record).hexdigest()}  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _reusable(scores_path: Path, key: str) -> dict[str, Any] | None:
+def _reusable(scores_path: Path | None, key: str) -> SplitScores | None:
     """The kept scores when they were made from exactly these inputs, else None."""
+    if scores_path is None:
+        return None
     try:
         kept = read_json(scores_path)
     except (OSError, ValueError):
         return None
-    if not isinstance(kept, dict) or kept.get("key") != key or not isinstance(kept.get("metrics"), dict):
+    if not isinstance(kept, dict) or kept.get("key") != key:
         return None
-    return kept["metrics"]
+    return SplitScores.from_json(kept)
 
 
-def _score(params: RegressionParams, onnx_path: Path, export_report: Path, shard_dir: Path,
-           scores_path: Path | None, environment_record: Path | None) -> tuple[str, dict[str, Any], str]:  # fmt: skip
-    """(the ONNX file's sha256, its test metrics, the scoring key): reused when nothing they depend on changed,
-    else scored through the serving path. Either way the file's bytes are checked against export.json first."""
+def _keep(scores_path: Path | None, key: str, scores: SplitScores) -> None:
+    if scores_path is not None:
+        write_json(scores_path, {"key": key, **scores.to_json()})
+
+
+def _score(model: OnnxModel, shard_dir: Path, batch_size: int) -> SplitScores:
+    try:
+        return score_images(model, shard_dir, "test", batch_size)
+    except ValueError as exc:
+        raise StageError(str(exc)) from None
+
+
+def _score_candidate(params: RegressionParams, onnx_path: Path, export_report: Path, shard_dir: Path,
+                     scores_path: Path | None, environment_record: Path | None) -> Scored:  # fmt: skip
+    """The exported model's test scores: reused when nothing they depend on changed, else scored through the
+    serving path. Either way the file's bytes are checked against export.json first."""
     onnx_sha256 = sha256_file(onnx_path) if onnx_path.is_file() else ""
     key = scoring_key(onnx_sha256, shard_dir, params.batch_size, environment_record)
-    if scores_path is not None and onnx_sha256 == recorded_onnx_sha256(export_report):
+    if onnx_sha256 == recorded_onnx_sha256(export_report):
         reused = _reusable(scores_path, key)
         if reused is not None:
             log.info("test scores of %s reused from %s: the same ONNX bytes, test shards, code and environment",
                      onnx_path, scores_path)  # fmt: skip
-            return onnx_sha256, reused, key
+            return Scored(onnx_sha256, reused, key)
     model = load_verified_model(onnx_path, export_report)  # refuses bytes other than the recorded ones
+    scores = _score(model, shard_dir, params.batch_size)
+    _keep(scores_path, key, scores)
+    return Scored(model.sha256, scores, key)
+
+
+def _unscorable(model: OnnxModel, shard_dir: Path, recorded: dict[str, Any], candidate: SplitScores) -> str:
+    """Why the baseline's model cannot be scored on these shards (other classes, other pixels), or ''."""
+    shards = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
+    if model.class_names != shards.class_names:
+        return (f"different test set: the baseline was scored on {describe_test_set(recorded)}; this run on "
+                f"{describe_test_set(candidate.metrics)}. The classes differ, so the baseline cannot be re-scored on "
+                "this test set: to gate models of these classes, promote one of them (`make promote`)")  # fmt: skip
+    theirs, ours = model.spec, shards
+    if (theirs.image_size, theirs.resize, theirs.interpolation) != (ours.image_size, ours.resize, ours.interpolation):
+        return (f"different test set: the baseline model takes {theirs.image_size}x{theirs.image_size} images "
+                f"({theirs.resize}, {theirs.interpolation}), this run's test shards hold {ours.image_size}x"
+                f"{ours.image_size} ({ours.resize}, {ours.interpolation}), so the baseline cannot be re-scored on "
+                "them: to gate models of this preprocessing, promote one of them (`make promote`)")  # fmt: skip
+    return ""
+
+
+def _score_baseline(params: RegressionParams, baseline: ProductionModel, shard_dir: Path, scores_path: Path | None,
+                    environment_record: Path | None, candidate: Scored,
+                    recorded: dict[str, Any]) -> Scored | str:  # fmt: skip
+    """The baseline model's scores on today's test split (reused when nothing they depend on changed), or why it
+    cannot be scored on it. Its bytes are checked against baseline/model.json first, every time."""
     try:
-        metrics = score_split(model, shard_dir, "test", params.batch_size)
-    except ValueError as exc:
+        digest = baseline.verify()
+    except ModelIntegrityError as exc:
         raise StageError(str(exc)) from None
-    if scores_path is not None:
-        write_json(scores_path, {"key": key, "metrics": metrics})
-    return model.sha256, metrics, key
+    if digest == candidate.onnx_sha256:
+        log.info("the baseline %s is the exported model itself: its test scores are the same", baseline.path)
+        return candidate
+    key = scoring_key(digest, shard_dir, params.batch_size, environment_record)
+    reused = _reusable(scores_path, key)
+    if reused is not None:
+        log.info("test scores of the baseline %s reused from %s: the same ONNX bytes, test shards, code and "
+                 "environment", baseline.path, scores_path)  # fmt: skip
+        return Scored(digest, reused, key)
+    try:
+        model = baseline.load()
+    except (ModelIntegrityError, ModelMetadataError) as exc:
+        raise StageError(str(exc)) from None
+    different = _unscorable(model, shard_dir, recorded, candidate.scores)
+    if different:
+        return different
+    log.info("scoring the baseline %s on today's test split", baseline.path)
+    scores = _score(model, shard_dir, params.batch_size)
+    _keep(scores_path, key, scores)
+    return Scored(digest, scores, key)
+
+
+def promoted_set_change(baseline_dir: Path, today: SplitScores, class_names: tuple[str, ...]) -> dict[str, Any]:
+    """Today's test images against the promoted ones (baseline/test_set.json): how many, how many new, no longer
+    in it, relabelled; `new` is None for a baseline promoted before the file was written."""
+    promoted = load_promoted_test_set(baseline_dir)
+    change: dict[str, Any] = {"images": len(today.images), "new": None, "no_longer": None, "relabelled": None}
+    if promoted is not None:
+        change["new"] = sum(image not in promoted for image in today.images)
+        change["no_longer"] = len(set(promoted) - set(today.images))
+        change["relabelled"] = sum(image in promoted and promoted[image] != class_names[label]
+                                   for image, label in zip(today.images, today.labels, strict=True))  # fmt: skip
+    return change
+
+
+def rescored_note(change: dict[str, Any], baseline_dir: Path) -> str:
+    """`baseline re-scored on today's test set: N images, M new` (and what else changed since the promotion)."""
+    if change["new"] is None:
+        return (f"baseline re-scored on today's test set: {change['images']} images, new ones unknown "
+                f"({baseline_dir / BASELINE_TEST_SET} absent: promoted before it was recorded)")  # fmt: skip
+    parts = [f"{change['images']} images, {change['new']} new"]
+    parts += [f"{change['no_longer']} promoted ones no longer in it"] if change["no_longer"] else []
+    parts += [f"{change['relabelled']} relabelled since the promotion"] if change["relabelled"] else []
+    return "baseline re-scored on today's test set: " + ", ".join(parts)
+
+
+def _rescored_header(onnx_path: Path, onnx_sha256: str, baseline_onnx: Path, rescored: dict[str, Any],
+                     recorded: dict[str, Any], baseline_path: Path) -> str:  # fmt: skip
+    """regression.md's first line when both models were scored today: which files, and the baseline's accuracy
+    today beside the one recorded at its promotion (baseline/metrics.json)."""
+    today, then = rescored["metrics"], recorded.get("accuracy")
+    then_text = f"{then:.4f}" if isinstance(then, int | float) and not isinstance(then, bool) else "-"
+    return (f"`{onnx_path}` (sha256 `{onnx_sha256}`) and the baseline `{baseline_onnx}` (sha256 "
+            f"`{rescored['onnx_sha256']}`), both scored on today's test split. The baseline's accuracy: "
+            f"{today['accuracy']:.4f} on {today['num_samples']} images today, {then_text} on "
+            f"{recorded.get('num_samples', '?')} images at its promotion (`{baseline_path}`)")  # fmt: skip
 
 
 def run(
@@ -111,31 +235,59 @@ def run(
     table_path: Path,
     gate_path: Path,
     scores_path: Path | None = None,
+    baseline_scores_path: Path | None = None,
     environment_record: Path | None = None,
 ) -> Verdict:
-    onnx_sha256, metrics, key = _score(params, onnx_path, export_report, shard_dir, scores_path, environment_record)
-    baseline = load_baseline(baseline_dir)
-    verdict = compare(metrics, baseline, params.rules).with_gates(export_gates(export_report))
+    candidate = _score_candidate(params, onnx_path, export_report, shard_dir, scores_path, environment_record)
+    metrics = candidate.scores.metrics
+    recorded = load_baseline(baseline_dir)
+    promoted = baseline_model(baseline_dir)
     baseline_path = baseline_dir / BASELINE_METRICS
+    rescored: dict[str, Any] | None = None
+    if promoted is not None and recorded is None:
+        raise StageError(f"{baseline_path}: missing beside {promoted.path}; promote again (make promote)")
+    if recorded is None:
+        verdict = compare(metrics, None, params.rules)
+    elif promoted is None:  # promoted before the model was kept beside its metrics: no paired test possible
+        note = (f"{baseline_dir / BASELINE_ONNX} absent: compared with the recorded {baseline_path} on the "
+                "tolerances alone, no paired test; promote a model (make promote) to re-score it")  # fmt: skip
+        verdict = compare(metrics, recorded, params.rules, baseline_note=note)
+    else:
+        scored = _score_baseline(params, promoted, shard_dir, baseline_scores_path, environment_record, candidate,
+                                 recorded)  # fmt: skip
+        if isinstance(scored, str):
+            verdict = Verdict(passed=False, has_baseline=True, results=(), mismatch=scored)
+        else:
+            names = tuple(load_manifest(shard_dir)["class_names"])  # the order of the predicted indices
+            change = promoted_set_change(baseline_dir, candidate.scores, names)
+            paired = Paired(candidate.scores.labels, candidate.scores.predicted, scored.scores.predicted, names)
+            verdict = compare(metrics, scored.scores.metrics, params.rules, paired=paired, alpha=params.alpha,
+                              baseline_note=rescored_note(change, baseline_dir))  # fmt: skip
+            rescored = {"onnx_sha256": scored.onnx_sha256, "metrics": scored.scores.metrics,
+                        "scored": {"key": scored.key}, "test_set": change}  # fmt: skip
+    verdict = verdict.with_gates(export_gates(export_report))
     write_json(
         verdict_path,
         {
             **verdict.to_json(),
             "baseline": str(baseline_path),
             "baseline_sha256": baseline_sha256(baseline_dir),  # what make promote and commit-run check it against
-            "model": {"path": str(onnx_path), "onnx_sha256": onnx_sha256},
+            "baseline_rescored": rescored,  # the baseline model on today's test split: the verdict's baseline side
+            "model": {"path": str(onnx_path), "onnx_sha256": candidate.onnx_sha256},
             "metrics": metrics,
-            "scored": {"key": key},  # the inputs the metrics were scored from (scoring_key)
+            "scored": {"key": candidate.key},  # the inputs the metrics were scored from (scoring_key)
         },
     )
     write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,
                            "summary": verdict.summary()})  # fmt: skip
     table = format_table(verdict)
+    header = f"`{onnx_path}` (sha256 `{candidate.onnx_sha256}`), scored on the test split, vs `{baseline_path}`"
+    if rescored is not None and promoted is not None and recorded is not None:
+        header = _rescored_header(onnx_path, candidate.onnx_sha256, promoted.path, rescored, recorded, baseline_path)
     with atomic_file(table_path, "w") as handle:
-        handle.write(f"# Regression check\n\n`{onnx_path}` (sha256 `{onnx_sha256}`), scored on the test split, "
-                     f"vs `{baseline_path}`\n\n{format_table(verdict, markdown=True)}\n")  # fmt: skip
+        handle.write(f"# Regression check\n\n{header}\n\n{format_table(verdict, markdown=True)}\n")
     log.info("%s (accuracy %.4f on %d test images) vs %s\n%s", onnx_path, metrics["accuracy"],
-             metrics["num_samples"], baseline_path, table)  # fmt: skip
+             metrics["num_samples"], baseline_dir, table)  # fmt: skip
     return verdict
 
 
@@ -150,6 +302,7 @@ def _main(p: Params) -> int:
         table_path=p.paths.regression_md,
         gate_path=p.paths.gate,
         scores_path=p.paths.runs / "check_regression" / "scores.json",
+        baseline_scores_path=p.paths.runs / "check_regression" / "baseline_scores.json",
         environment_record=p.paths.environment / "check_regression.json",
     )
     if verdict.passed:

@@ -332,27 +332,51 @@ class Rule(Section):
 
 
 class RegressionParams(Section):
+    """check_regression: the exported model and the promoted baseline, both scored on today's test split, compared
+    rule by rule; a rule fails when the worsening is beyond its tolerance and a paired test finds it not chance."""
+
+    # (test_set_sha256 is no rule any more: the baseline is re-scored on today's test set, so it is equal by
+    # construction; an older params.yaml that still lists it passes it.)
     rules: tuple[Rule, ...] = (
         Rule(metric="accuracy", abs_tol=0.02),
         Rule(metric="macro_f1", abs_tol=0.02),
         Rule(metric="per_class.*.recall", abs_tol=0.05),
-        Rule(metric="test_set_sha256", direction="equal"),
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="the paired test's level: a rule fails only when its worsening is beyond tolerance and its "
+        "one-sided p-value (McNemar's exact test, or a paired bootstrap) is below alpha",
     )
     batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
     drift_servers: tuple[str, ...] = Field(
         (),
         description="servers (http[s]://host[:port]) regression-flow may read /drift from, besides 127.0.0.1/localhost",
     )
+    drift_unreadable_nights: int = Field(
+        3,
+        ge=1,
+        description="regression-flow runs in a row (same deployment, same server) that could not read /drift "
+        "before the run ends in the DriftUnread state (the drift automation notifies)",
+    )
 
 
 class DriftParams(Section):
-    """The server's drift watch (GET /drift): its last `window` predictions against the model's test-split reference."""
+    """The server's drift watch (GET /drift): its last `window` predictions against the model's test-split reference.
 
-    window: int = Field(500, ge=10, description="predictions in the sliding window, per uvicorn worker")
+    Thresholds are calibrated at export (tasks/release/drift.py) so that traffic drawn like the test split reads
+    as drift in at most `false_alarm_rate` of windows, whatever the number of classes; a number given for a
+    statistic here is used as it is instead (null: calibrated)."""
+
+    window: int = Field(500, ge=10, le=10_000, description="predictions in the sliding window, per uvicorn worker")
     min_predictions: int = Field(200, ge=10, description="fewer predictions in the window: 'not enough data'")
-    class_mix_psi: float = Field(0.25, gt=0, description="PSI of the predicted-class mix above this: drift")
-    top1_psi: float = Field(0.25, gt=0, description="PSI of top-1 probability (test-set deciles) above this: drift")
-    margin_psi: float = Field(0.25, gt=0, description="PSI of top-1 minus top-2 (test-set deciles) above this: drift")
+    false_alarm_rate: float = Field(
+        0.01, gt=0, lt=0.5, description="share of windows of test-like traffic that may read as drift (calibrated)"
+    )
+    class_mix_psi: float | None = Field(None, gt=0, description="fixed PSI threshold of the predicted-class mix")
+    top1_psi: float | None = Field(None, gt=0, description="fixed PSI threshold of top-1 probability (deciles)")
+    margin_psi: float | None = Field(None, gt=0, description="fixed PSI threshold of top-1 minus top-2 (deciles)")
 
     @model_validator(mode="after")
     def _min_fits(self) -> DriftParams:

@@ -4,7 +4,9 @@ check_regression and promote.
 The production model is the promoted baseline's ONNX (baseline/model.onnx, its hash recorded in
 baseline/model.json by `make promote`) when there is one, else the export stage's (paths.onnx, its
 hash recorded in reports/export.json). It is never a file without a recorded hash, and the hash is
-checked before onnxruntime reads a byte.
+checked before onnxruntime reads a byte. `make promote` also records the promoted test set
+(baseline/test_set.json: each test image's content sha256 and class), so a verdict can say which of today's
+test images the baseline was not promoted on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_bytes, sha256_file
 from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, Paths
-from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
+from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel, verify_sha256
+
+BASELINE_TEST_SET = "test_set.json"  # the promoted test set: {test_set_sha256, class_names, images: {sha256: class}}
 
 
 class ProductionModelError(StageError):
@@ -35,6 +39,10 @@ class ProductionModel:
         """The onnxruntime session, built only after the file's bytes matched the recorded hash."""
         return OnnxModel.load(self.path, expected_sha256=self.expected_sha256, threads=threads)
 
+    def verify(self) -> str:
+        """The file's sha256, after checking it is the recorded one (ModelIntegrityError naming the file if not)."""
+        return verify_sha256(self.path, self.path.read_bytes(), self.expected_sha256)
+
 
 def _recorded_sha256(record: Path, key: str = "onnx_sha256") -> str:
     try:
@@ -51,7 +59,13 @@ def promoted_model(paths: Paths, root: Path = Path()) -> ProductionModel | None:
 
     A promoted model that DVC tracks but whose files are absent is an error (run `dvc pull`), not
     "nothing promoted", and so is one half of a baseline without the other."""
-    onnx, record = root / paths.baseline_onnx, root / paths.baseline_model_record
+    return baseline_model(root / paths.baseline,
+                          f"{paths.baseline_onnx}, hash recorded in {paths.baseline_model_record}")  # fmt: skip
+
+
+def baseline_model(baseline_dir: Path, detail: str = "") -> ProductionModel | None:
+    """`promoted_model` for a baseline folder: <baseline_dir>/model.onnx with the hash in model.json, or None."""
+    onnx, record = baseline_dir / BASELINE_ONNX, baseline_dir / BASELINE_MODEL
     present = [path for path in (record, onnx) if path.is_file()]
     if not present:
         tracked = [path for path in (record, onnx) if path.with_name(path.name + ".dvc").is_file()]
@@ -61,8 +75,7 @@ def promoted_model(paths: Paths, root: Path = Path()) -> ProductionModel | None:
     if len(present) < 2:
         missing = onnx if record in present else record
         raise ProductionModelError(f"{missing}: missing beside {present[0]}; promote again (make promote)")
-    return ProductionModel(onnx, _recorded_sha256(record), "baseline",
-                           f"{paths.baseline_onnx}, hash recorded in {paths.baseline_model_record}")  # fmt: skip
+    return ProductionModel(onnx, _recorded_sha256(record), "baseline", detail or f"{onnx}, hash recorded in {record}")
 
 
 def production_model(paths: Paths, root: Path = Path()) -> ProductionModel:
@@ -117,12 +130,31 @@ def load_baseline(baseline_dir: Path) -> dict[str, Any] | None:
     return baseline
 
 
+def load_promoted_test_set(baseline_dir: Path) -> dict[str, str] | None:
+    """The promoted test set from baseline/test_set.json: {image content sha256: class name}; None when the
+    baseline was promoted before `make promote` recorded it (or nothing was promoted)."""
+    path = baseline_dir / BASELINE_TEST_SET
+    if not path.is_file():
+        return None
+    try:
+        images = read_json(path).get("images")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise StageError(f"{path}: not a JSON object with images: {exc}; promote again (make promote)") from None
+    if not isinstance(images, dict) or not all(isinstance(v, str) for v in images.values()):
+        raise StageError(f"{path}: images is not an object of sha256 -> class name; promote again (make promote)")
+    return images
+
+
 def baseline_sha256(baseline_dir: Path) -> str | None:
     """The promoted baseline as one hash: sha256 over the sha256 of each of its files (metrics, model record,
-    ONNX) that is there; None when nothing was promoted. A verdict records it, so a verdict computed against
-    another baseline (an older one, none, a teammate's pulled since) is never taken for this one's."""
+    ONNX, test set) that is there; None when nothing was promoted. A verdict records it, so a verdict computed
+    against another baseline (an older one, none, a teammate's pulled since) is never taken for this one's.
+    (test_set.json alone is no baseline: it counts only beside one of the others.)"""
     files = [baseline_dir / name for name in (BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX)]
     present = [(path.name, sha256_file(path)) for path in files if path.is_file()]
     if not present:
         return None
+    test_set = baseline_dir / BASELINE_TEST_SET
+    if test_set.is_file():
+        present.append((test_set.name, sha256_file(test_set)))
     return sha256_bytes(json.dumps(present).encode())

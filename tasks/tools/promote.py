@@ -1,9 +1,11 @@
 """`python -m tasks.tools.promote` (make promote): this run's exported model becomes the regression baseline.
 
-reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX ->
-baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx, each tracked
-by DVC (`dvc add`). Only this explicit command moves the baseline; commit baseline/ afterwards. It
-refuses a recorded regression (ALLOW_REGRESSION=1 accepts it) and a model trained with test hooks.
+reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX + the test
+split's manifest -> baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx and
+baseline/test_set.json (each promoted test image's content sha256 and class, so that check_regression can say
+which of a later test split's images are new), each tracked by DVC (`dvc add`). Only this explicit command
+moves the baseline; commit baseline/ afterwards. It refuses a recorded regression (ALLOW_REGRESSION=1 accepts
+it) and a model trained with test hooks.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
 from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
-from tasks.images.shards import MANIFEST
+from tasks.images.shards import MANIFEST, load_manifest
 from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
-from tasks.release.production import load_verified_model
+from tasks.release.production import BASELINE_TEST_SET, load_verified_model
 from tasks.tools.record import record_refusal
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ def run(
     if sha256_file(model_path) != model.metadata.get("model_sha256"):
         raise StageError(f"{model_path} is not the model {onnx_path} was exported from; run `dvc repro` first")
     metrics = verdict["metrics"]
+    test_set = promoted_test_set(shard_dir, metrics.get("test_set_sha256"), verdict_path)
     record = {
         "onnx_sha256": model.sha256,
         "model_sha256": model.metadata["model_sha256"],
@@ -75,7 +79,8 @@ def run(
         **{k: v for k, v in sorted(model.metadata.items()) if k.endswith("sha256") or k.startswith("provenance.")},
     }
     baseline_dir.mkdir(parents=True, exist_ok=True)
-    files = (baseline_dir / BASELINE_METRICS, baseline_dir / BASELINE_MODEL, baseline_dir / BASELINE_ONNX)
+    files = (baseline_dir / BASELINE_METRICS, baseline_dir / BASELINE_MODEL, baseline_dir / BASELINE_ONNX,
+             baseline_dir / BASELINE_TEST_SET)  # fmt: skip
     staged = [path.with_name(f".{path.name}.tmp-{os.getpid()}") for path in files]
     try:  # everything written beside the baseline first, then renamed in: never half a baseline
         write_json(staged[0], metrics)
@@ -83,6 +88,7 @@ def run(
         shutil.copyfile(onnx_path, staged[2])
         if sha256_file(staged[2]) != model.sha256:
             raise StageError(f"{onnx_path} changed while it was being copied to {files[2]}; promote again")
+        write_json(staged[3], test_set)
         for tmp, final in zip(staged, files, strict=True):
             os.replace(tmp, final)
     finally:
@@ -93,6 +99,18 @@ def run(
         if proc.returncode != 0:
             raise StageError(f"dvc add {' '.join(map(str, files))} failed:\n{proc.stdout}{proc.stderr}")
     return PromoteResult(files, model.sha256, float(metrics["accuracy"]), bool(verdict.get("passed")))
+
+
+def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path) -> dict[str, Any]:
+    """baseline/test_set.json: the test split the verdict scored, each image's content sha256 -> its class."""
+    manifest = load_manifest(shard_dir)
+    digest = manifest.get("test_set", {}).get("sha256")
+    if digest != scored_sha256:
+        raise StageError(f"{verdict_path} scored test set sha256 {scored_sha256}, but {shard_dir} now holds "
+                         f"{digest}; run `dvc repro` first")  # fmt: skip
+    names = manifest["class_names"]
+    images = {e["sha256"]: names[e["label"]] for e in manifest["files"] if e["split"] == "test"}
+    return {"test_set_sha256": digest, "class_names": names, "images": images}
 
 
 def _main(params: Params) -> None:

@@ -97,3 +97,16 @@ def test_the_record_must_be_this_workspaces_onnx_and_baseline(tmp_path: Path) ->
     refusal = record_refusal(paths, tmp_path)
     assert refusal is not None and "export gate failed: onnx_int8.accuracy_drop 0.2" in refusal
     assert "(verdict 'different test set')" in refusal
+
+
+def test_the_baseline_hash_covers_its_test_set_but_a_lone_test_set_is_no_baseline(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline"
+    baseline.mkdir()
+    write_json(baseline / "test_set.json", {"images": {}})
+    assert baseline_sha256(baseline) is None  # a stray test_set.json does not make a baseline
+    write_json(baseline / "metrics.json", {"accuracy": 0.9})
+    with_test_set = baseline_sha256(baseline)
+    write_json(baseline / "test_set.json", {"images": {"a" * 64: "cat"}})
+    assert with_test_set is not None and baseline_sha256(baseline) not in (None, with_test_set)
+    (baseline / "test_set.json").unlink()
+    assert baseline_sha256(baseline) not in (None, with_test_set)

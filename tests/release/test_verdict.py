@@ -1,11 +1,26 @@
-"""The regression comparator on its own: directions, tolerances, missing metrics, no baseline."""
+"""The regression comparator on its own: directions, tolerances, missing metrics, no baseline, and the paired test
+(McNemar, bootstrap, too few images to judge) on per-image predictions."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
+from tasks.core.metrics import classification_metrics
 from tasks.core.params import Rule
-from tasks.release.verdict import compare, format_table, lookup
+from tasks.release.verdict import (
+    Paired,
+    RuleResult,
+    Verdict,
+    compare,
+    format_table,
+    judgeable,
+    lookup,
+    mcnemar_p,
+    smallest_failing_loss,
+)
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -137,8 +152,6 @@ def test_markdown_table_has_a_row_per_checked_key() -> None:
 
 
 def test_verdict_json_round_trips() -> None:
-    from tasks.release.verdict import RuleResult, Verdict
-
     verdict = compare({**BASE, "accuracy": 0.5}, BASE, [Rule(metric="accuracy")])
     data = verdict.to_json()
     again = Verdict(data["passed"], data["has_baseline"], tuple(RuleResult(**r) for r in data["rules"]))
@@ -172,3 +185,151 @@ def test_a_baseline_of_another_test_set_is_one_line_naming_both() -> None:
     assert same.status == "regression" and [r.metric for r in same.failures] == ["accuracy"]
     assert compare(SCORED, SCORED, rules).status == "pass"
     assert compare(SCORED, None, rules).status == "no baseline"
+
+
+# -- the paired test: both models' predictions on the same images (check_regression re-scores the baseline) --------
+
+RULES = [Rule(metric="accuracy", abs_tol=0.02), Rule(metric="macro_f1", abs_tol=0.02),
+         Rule(metric="per_class.*.recall", abs_tol=0.05)]  # fmt: skip  # the defaults
+
+
+def scored(labels: list[int], predicted: list[int], names: tuple[str, ...]) -> dict:
+    """metrics.json's keys for these predictions, as scoring computes them."""
+    logits = np.eye(len(names), dtype=np.float32)[predicted]
+    return {**classification_metrics(logits, np.asarray(labels), names), "test_set_sha256": "t" * 64}
+
+
+def paired_verdict(labels: list[int], candidate: list[int], baseline: list[int], names: tuple[str, ...],
+                   rules: list[Rule] = RULES, alpha: float = 0.05) -> Verdict:  # fmt: skip
+    return compare(scored(labels, candidate, names), scored(labels, baseline, names), rules,
+                   paired=Paired(labels, candidate, baseline, names), alpha=alpha)  # fmt: skip
+
+
+def by_metric(verdict: Verdict) -> dict[str, RuleResult]:
+    return {r.metric: r for r in verdict.results}
+
+
+def two_classes(c_base_right: int, c_cand_right: int, c_total: int, c_discordant_gains: int = 0,
+                other: int = 300) -> tuple[list[int], list[int], list[int]]:  # fmt: skip
+    """Class `c` (index 0) of `c_total` images, the baseline right on the first `c_base_right`; the candidate
+    right on `c_discordant_gains` images the baseline got wrong and on the first c_cand_right - gains of the
+    baseline's right ones (so its losses are all discordant). Class `d` (`other` images): both always right."""
+    labels = [0] * c_total + [1] * other
+    baseline = [0] * c_base_right + [1] * (c_total - c_base_right) + [1] * other
+    kept = c_cand_right - c_discordant_gains
+    candidate = [0] * kept + [1] * (c_base_right - kept) + [0] * c_discordant_gains
+    candidate += [1] * (c_total - c_base_right - c_discordant_gains) + [1] * other
+    return labels, candidate, baseline
+
+
+def test_mcnemar_exact_p_and_what_a_rule_can_judge() -> None:
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(5, 0) == pytest.approx(1 / 32) and mcnemar_p(0, 5) == 1.0
+    assert mcnemar_p(9, 3) == pytest.approx(sum(math.comb(12, k) for k in range(9, 13)) / 4096)
+    assert mcnemar_p(5, 0, two_sided=True) == pytest.approx(2 / 32)
+    # The smallest loss beyond 0.05 on 20 images is 2 images (1 image = 0.05 is allowed): 0.5^2 >= 0.05.
+    assert smallest_failing_loss(0.05, 20) == 2 and not judgeable(0.05, 20, 0.05)
+    # 5 discordant losses reach p < 0.05: a 0.05 tolerance needs 80 images, 0.02 needs 200; none at 0 images.
+    assert [judgeable(0.05, n, 0.05) for n in (79, 80)] == [False, True]
+    assert [judgeable(0.02, n, 0.05) for n in (199, 200)] == [False, True]
+    assert not judgeable(0.05, 0, 0.05) and judgeable(0.05, 20, 0.3)
+
+
+def test_a_real_five_point_loss_on_200_images_of_a_class_fails() -> None:
+    """Baseline 180/200 of class c right, candidate 165/200, every loss on an image the baseline got right."""
+    labels, candidate, baseline = two_classes(180, 165, 200)
+    verdict = paired_verdict(labels, candidate, baseline, ("c", "d"))
+    c = by_metric(verdict)["per_class.c.recall"]
+    assert (c.value, c.baseline, c.n, c.test, c.judged) == (0.825, 0.9, 200, "McNemar", True)
+    assert c.p_value == pytest.approx(0.5**15, rel=1e-3) and not c.passed
+    assert "worse by 0.075, more than the 0.05 allowed (p 3.1e-05 < alpha 0.05)" in c.reason
+    assert not verdict.passed and verdict.status == "regression" and "per_class.c.recall" in verdict.summary()
+
+
+def test_a_loss_beyond_the_tolerance_that_chance_explains_passes_and_says_so() -> None:
+    """100 images of c: the candidate loses 9 the baseline had and wins 3 it missed: -0.06, p 0.073."""
+    labels, candidate, baseline = two_classes(90, 84, 100, c_discordant_gains=3)
+    c = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["per_class.c.recall"]
+    assert c.delta == pytest.approx(-0.06) and c.passed and c.judged
+    assert c.p_value == pytest.approx(mcnemar_p(9, 3), abs=1e-4) and "within chance (p 0.073 >= alpha 0.05)" in c.reason
+    # The same counts with a looser alpha: significant, so it fails.
+    strict = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d"), alpha=0.1))["per_class.c.recall"]
+    assert not strict.passed
+
+
+def test_equal_models_that_differ_on_a_few_images_of_a_small_class_do_not_fail() -> None:
+    """Two equally good models on a 20-image class: 3 images one way, 1 the other. Tolerance alone (delta -0.1
+    against 0.05) would fail it; the class is too small to tell a 0.05 loss from chance, and says so."""
+    labels, candidate, baseline = two_classes(17, 15, 20, c_discordant_gains=1)
+    verdict = paired_verdict(labels, candidate, baseline, ("c", "d"))
+    c = by_metric(verdict)["per_class.c.recall"]
+    assert (
+        c.delta == pytest.approx(-0.1)
+        and not compare(scored(labels, candidate, ("c", "d")), scored(labels, baseline, ("c", "d")), RULES).passed
+    )
+    assert c.passed and not c.judged and c.reason == "too few images to judge (n=20)" and c.n == 20
+    assert verdict.passed and verdict.status == "pass" and verdict.too_few == (c,)
+    assert verdict.summary().startswith("PASS: 3 rule(s) and 0 export gate(s) hold against the baseline (1 more: "
+                                        "too few images to judge)")  # fmt: skip
+    # No difference at all on a small class: still too few to judge, never a PASS it cannot back.
+    same = by_metric(paired_verdict(labels, baseline, baseline, ("c", "d")))["per_class.c.recall"]
+    assert same.passed and not same.judged and same.p_value == 1.0
+
+
+def test_a_small_class_that_loses_significantly_fails_anyway() -> None:
+    """Too few images to detect a 0.05 loss, but 8 of 20 lost, all discordant, is no chance (p 0.004)."""
+    labels, candidate, baseline = two_classes(20, 12, 20)
+    c = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["per_class.c.recall"]
+    assert not c.passed and c.judged and c.p_value == pytest.approx(0.5**8, rel=1e-3)
+
+
+def test_the_paired_bootstrap_judges_macro_f1_deterministically() -> None:
+    labels, candidate, baseline = two_classes(180, 165, 200)
+    f1 = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["macro_f1"]
+    assert f1.test == "bootstrap" and f1.n == 500 and not f1.passed and f1.p_value == pytest.approx(1 / 2001, rel=1e-3)
+    again = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["macro_f1"]
+    assert again == f1  # a fixed seed: the same verdict every run
+    same = by_metric(paired_verdict(labels, baseline, baseline, ("c", "d")))["macro_f1"]
+    assert same.passed and same.p_value == 1.0 and same.delta == 0.0
+    # A small macro-F1 difference on few images: beyond the tolerance, but within chance.
+    labels, candidate, baseline = two_classes(17, 15, 20, c_discordant_gains=1, other=20)
+    small = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["macro_f1"]
+    assert small.delta < -0.02 and small.passed and small.p_value > 0.05 and "within chance" in small.reason
+
+
+def test_metrics_the_predictions_do_not_give_are_judged_on_the_tolerance_alone() -> None:
+    """loss (from logits) and an old params.yaml's test_set_sha256 rule (equal by construction once re-scored)."""
+    labels, candidate, baseline = two_classes(90, 90, 100)
+    rules = [Rule(metric="test_set_sha256", direction="equal"), Rule(metric="loss", direction="lower", abs_tol=9)]
+    verdict = paired_verdict(labels, candidate, baseline, ("c", "d"), rules=rules)
+    assert verdict.passed and [(r.test, r.n, r.p_value) for r in verdict.results] == [
+        ("tolerance only", None, None), ("tolerance only", None, None),
+    ]  # fmt: skip
+
+
+def test_the_paired_table_and_json_show_n_p_and_the_baseline_note() -> None:
+    labels, candidate, baseline = two_classes(17, 15, 20, c_discordant_gains=1)
+    note = "baseline re-scored on today's test set: 320 images, 20 new"
+    verdict = compare(scored(labels, candidate, ("c", "d")), scored(labels, baseline, ("c", "d")), RULES,
+                      paired=Paired(labels, candidate, baseline, ("c", "d")), baseline_note=note)  # fmt: skip
+    markdown = format_table(verdict, markdown=True)
+    assert markdown.startswith(note + "\n\n| metric | value | baseline | delta | allowed | n | p | test | result |")
+    assert "| per_class.c.recall (higher) | 0.7500 | 0.8500 | -0.1000 | 0.0500 | 20 | 0.3125 | McNemar | too few " \
+           "images to judge (n=20) |" in markdown  # fmt: skip
+    assert "p < alpha (0.05)" in markdown and markdown.endswith("**verdict: PASS**")
+    text = format_table(verdict)
+    assert "too few images to judge (n=20)" in text and text.endswith("verdict: PASS")
+    data = verdict.to_json()
+    assert (
+        data["alpha"] == 0.05 and data["baseline_note"] == note and data["too_few_to_judge"] == ["per_class.c.recall"]
+    )
+    row = next(r for r in data["rules"] if r["metric"] == "per_class.c.recall")
+    assert (row["n"], row["p_value"], row["judged"], row["test"]) == (20, 0.3125, False, "McNemar")
+    assert verdict.summary().endswith("; " + note)
+    again = Verdict(data["passed"], data["has_baseline"], tuple(RuleResult(**r) for r in data["rules"]), (), "",
+                    data["alpha"], data["baseline_note"])  # fmt: skip
+    assert again == verdict
+
+
+def test_paired_predictions_of_unequal_length_are_refused() -> None:
+    with pytest.raises(ValueError, match="unequal length: 2 labels, 1 candidate, 2 baseline"):
+        Paired([0, 1], [0], [0, 1], ("c", "d"))
