@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench.serving_inputs import FORM, images, multipart, untrained_model  # noqa: E402
 from serving.app import stream_count  # noqa: E402
 from serving.monitoring import Metrics  # noqa: E402
-from tasks.core.params import ServeParams  # noqa: E402
+from tasks.core.params import DriftParams, ServeParams  # noqa: E402
 from tasks.images.imaging import load_array  # noqa: E402
 from tasks.release.drift import (  # noqa: E402
     DriftThresholds,
@@ -232,9 +232,9 @@ def drift_cost_us(model: OnnxModel, repeats: int = 20000) -> float:
     names = model.class_names
     logits = rng.normal(size=(2000, len(names))) * 4
     probs = softmax(logits)
-    meta = {"drift_reference": reference_json(build_reference(probs[:1000], names))}
-    window = DriftWindow(names, Reference.from_metadata(meta, names, "bench"),
-                         DriftThresholds(500, 200, 0.25, 0.25, 0.25))  # fmt: skip
+    meta = {"drift_reference": reference_json(build_reference(probs[:1000], names, sizes=(200, 500)))}
+    reference = Reference.from_metadata(meta, names, "bench")
+    window = DriftWindow(names, reference, DriftThresholds.resolve(DriftParams(), reference)[0])
     counter = Metrics().predicted_class
     top1, margin = top1_and_margin(probs)
     rows = list(zip(probs.argmax(axis=1).tolist(), top1.tolist(), margin.tolist(), strict=True))

@@ -8,6 +8,7 @@ the multipart field `file`. Every prediction goes into this worker's drift windo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import hashlib
@@ -15,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
 from serving.uploads import PREDICT_BODY, upload_of
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
-from tasks.release.drift import DriftThresholds, DriftWindow, Reference, sampling_psi
+from tasks.release.drift import DriftThresholds, DriftWindow, Reference
 from tasks.release.inference import OnnxModel, ranked, softmax
 from tasks.release.production import ProductionModel, production_model
 
@@ -60,39 +61,65 @@ class State:
     error: str | None = None
     info: dict[str, str] | None = None  # ModelInfo of the loaded model, as every response carries it
     drift: DriftWindow | None = None  # this worker's last serve.drift.window predictions vs the model's reference
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def snapshot(self) -> tuple[OnnxModel, DriftWindow]:
+        """The model and its drift window, taken together (a reload swaps both at once)."""
+        with self.lock:
+            assert self.model is not None and self.drift is not None
+            return self.model, self.drift
+
+    def swap(self, loaded: Loaded) -> None:
+        with self.lock:
+            self.model, self.source, self.drift, self.info = loaded.model, loaded.source, loaded.drift, loaded.info
+            self.error = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: OnnxModel
+    source: ProductionModel
+    drift: DriftWindow
+    info: dict[str, str]
+
+
+def _loaded(serve: ServeParams, paths: Paths) -> Loaded:
+    """The production model (hash-verified, warm) with its drift window; raises when it cannot be had."""
+    source = production_model(paths)
+    model = source.load(serve.threads)
+    reference = Reference.from_metadata(model.metadata, model.class_names, str(source.path))
+    size = model.spec.image_size
+    largest = sorted({serve.max_batch, serve.max_batch_files}) if serve.warmup_runs else []
+    for batch in [1] * serve.warmup_runs + largest:
+        model.logits(np.zeros((batch, 3, size, size), np.uint8))
+    release_freed_memory()
+    thresholds, warnings = DriftThresholds.resolve(serve.drift, reference)
+    if reference is None:
+        log.warning("%s carries no drift reference (exported before drift references): /drift says 'no reference'; "
+                    "re-export it to watch drift", source.path)  # fmt: skip
+    for warning in warnings:
+        log.warning("%s: %s", source.path, warning)
+    sha = model.sha256
+    info = ModelInfo(sha256=sha, source=source.source, version=f"{source.source}-{sha[:12]}").model_dump()
+    return Loaded(model, source, DriftWindow(model.class_names, reference, thresholds, log_drift), info)
 
 
 def _load(state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
     try:
-        source = production_model(paths)
-        model = source.load(serve.threads)
-        reference = Reference.from_metadata(model.metadata, model.class_names, str(source.path))
-        size = model.spec.image_size
-        largest = sorted({serve.max_batch, serve.max_batch_files}) if serve.warmup_runs else []
-        for batch in [1] * serve.warmup_runs + largest:
-            model.logits(np.zeros((batch, 3, size, size), np.uint8))
-        release_freed_memory()
+        loaded = _loaded(serve, paths)
     except Exception as exc:  # reported by /ready and the log; the process stays up for /health
         state.error = f"{type(exc).__name__}: {exc}"
         log.error("model not loaded: %s", state.error)
         return
-    sha = model.sha256
-    state.info = ModelInfo(sha256=sha, source=source.source, version=f"{source.source}-{sha[:12]}").model_dump()
-    state.drift = DriftWindow(model.class_names, reference, DriftThresholds(**serve.drift.model_dump()), log_drift)
-    if reference is None:
-        log.warning("%s carries no drift reference (exported before drift references): /drift says 'no reference'; "
-                    "re-export it to watch drift", source.path)  # fmt: skip
-    elif (noise := sampling_psi(reference, serve.drift.window)) > 0.5 * min(
-        serve.drift.class_mix_psi, serve.drift.top1_psi, serve.drift.margin_psi
-    ):
-        log.warning("%s: its drift reference holds %d test images, so traffic drawn like the test set shows a PSI of "
-                    "about %.2f from sampling alone (thresholds %s, %s, %s in serve.drift): grow the test split or "
-                    "raise the thresholds", source.path, reference.num_samples, noise, serve.drift.class_mix_psi,
-                    serve.drift.top1_psi, serve.drift.margin_psi)  # fmt: skip
-    state.model, state.source = model, source
-    metrics.model.labels(sha256=model.sha256, source=source.source).set(1)
+    _serve(state, loaded, metrics)
+
+
+def _serve(state: State, loaded: Loaded, metrics: Metrics) -> None:
+    state.swap(loaded)
+    metrics.model.clear()
+    metrics.model.labels(sha256=loaded.model.sha256, source=loaded.source.source).set(1)
     metrics.ready.set(1)
-    log.info("serving %s (%s, sha256 %s), warm", source.path, source.source, model.sha256)
+    log.info("serving %s (%s, sha256 %s), warm", loaded.source.path, loaded.source.source, loaded.model.sha256)
 
 
 def release_freed_memory() -> None:
@@ -119,8 +146,7 @@ class Classifier:
         self.state, self.serve, self.metrics, self.review = state, serve, metrics, review
 
     def __call__(self, jobs: list[Sequence[tuple[str, bytes]]]) -> list[list[dict[str, Any]] | ImageError]:
-        model = self.state.model
-        assert model is not None
+        model, drift = self.state.snapshot()
         decoded: list[np.ndarray | ImageError] = [self.decode(model, items) for items in jobs]
         good = [arrays for arrays in decoded if not isinstance(arrays, ImageError)]
         probs = iter(softmax(model.logits(np.concatenate(good))) if good else [])
@@ -129,7 +155,7 @@ class Classifier:
             if isinstance(arrays, ImageError):
                 out.append(arrays)  # this request's own error; its companions in the call still get answers
             else:
-                out.append([self.record(model, name, data, next(probs)) for name, data in items])
+                out.append([self.record(model, drift, name, data, next(probs)) for name, data in items])
         return out
 
     def decode(self, model: OnnxModel, items: Sequence[tuple[str, bytes]]) -> np.ndarray | ImageError:
@@ -142,7 +168,7 @@ class Classifier:
                 return ImageError(exc.reason, f"{name}: {exc.detail}")
         return np.stack(arrays)
 
-    def record(self, model: OnnxModel, name: str, data: bytes, probs: np.ndarray) -> dict[str, Any]:
+    def record(self, model: OnnxModel, drift: DriftWindow, name: str, data: bytes, probs: np.ndarray) -> dict[str, Any]:
         """One image's ImagePrediction, as the dict the response carries (built here, not validated again)."""
         metrics, serve = self.metrics, self.serve
         order = ranked(probs)
@@ -155,8 +181,7 @@ class Classifier:
         metrics.top1.observe(top1)
         metrics.margin.observe(margin)
         metrics.predicted_class.labels(label=top_k[0]["label"]).inc()
-        assert self.state.drift is not None  # set with the model
-        self.state.drift.add(int(order[0]), top1, margin)
+        drift.add(int(order[0]), top1, margin)
         if low:
             metrics.low_confidence.inc()
             sha = hashlib.sha256(data).hexdigest()
@@ -228,7 +253,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     metrics.streams.set(batcher.streams)
     metrics.queue_depth.set_function(lambda: batcher.queue_depth)
     metrics.streams_busy.set_function(lambda: batcher.busy)
-    metrics.watch_drift(lambda: state.drift, serve.drift)
+    metrics.watch_drift(lambda: state.drift)
 
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
         loader = threading.Thread(target=_load, args=(state, serve, paths, metrics), daemon=True)
@@ -248,6 +273,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     _add_error_handlers(app)
 
     _add_routes(app, state, serve, batcher, metrics, review)
+    _add_reload(app, state, serve, paths, metrics)
     return app
 
 
@@ -284,7 +310,7 @@ def _add_routes(
         assert state.drift is not None
         scope = (f"this uvicorn worker only (pid {os.getpid()}); with serve.workers {serve.workers} each worker "
                  "keeps its own window, so a request here sees one worker's traffic")  # fmt: skip
-        saved = {"dir": str(review.root.resolve()), "saved": review.count, "max_files": review.max_files}
+        saved = {"dir": str(review.root.resolve()), "saved": review.recount(), "max_files": review.max_files}
         return {"model": state.info, "scope": scope, "workers": serve.workers, **state.drift.report(), "review": saved}
 
     @app.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=PREDICT_BODY)
@@ -304,6 +330,34 @@ def _add_routes(
         items = [(f.filename or f"files[{i}]", await f.read()) for i, f in enumerate(files)]
         predictions = await infer(batcher, items)
         return JSONResponse({"model": state.info, "predictions": predictions})
+
+
+LOOPBACK = ("127.0.0.1", "::1", "testclient")  # testclient: Starlette's in-process test client
+
+
+def _add_reload(app: FastAPI, state: State, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
+    """POST /reload: the production model resolved again (after `make promote`), loaded, hash-verified and
+    warmed beside the one serving, then swapped in with a fresh drift window; the old one serves until then
+    and stays when the new one cannot be loaded. Loopback clients only."""
+    reloading = asyncio.Lock()
+
+    @app.post("/reload", responses={**ERRORS, 403: {"model": ErrorBody}, 500: {"model": ErrorBody}})
+    async def reload(request: Request) -> dict[str, Any]:
+        """Serve the production model as it is on disk now (after `make promote`); from 127.0.0.1 only."""
+        if request.client is None or request.client.host not in LOOPBACK:
+            raise HTTPException(403, "forbidden: POST /reload is accepted from 127.0.0.1 / ::1 only")
+        async with reloading:
+            previous = state.info
+            try:
+                loaded = await asyncio.to_thread(_loaded, serve, paths)
+            except Exception as exc:
+                log.error("reload failed, still serving %s: %s: %s", previous, type(exc).__name__, exc)
+                raise HTTPException(500, f"reload_failed: {type(exc).__name__}: {exc}; the previous model "
+                                    "still serves") from None  # fmt: skip
+            if previous and previous["sha256"] == loaded.info["sha256"]:
+                return {"status": "unchanged", "model": previous, "previous": previous}  # its drift window kept
+            _serve(state, loaded, metrics)
+        return {"status": "reloaded", "model": loaded.info, "previous": previous}
 
 
 def app_from_params() -> FastAPI:

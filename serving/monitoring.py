@@ -22,7 +22,6 @@ from PIL import Image
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tasks.core.io import atomic_file
-from tasks.core.params import DriftParams
 from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
 from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftWindow
 
@@ -66,14 +65,19 @@ class Metrics:
         self.batch_size = Histogram("serve_batch_size", "uploads per inference call (dynamic batching)",
                                     buckets=_BATCH_BUCKETS, registry=r)  # fmt: skip
 
-    def watch_drift(self, window: Callable[[], DriftWindow | None], params: DriftParams) -> None:
+    def watch_drift(self, window: Callable[[], DriftWindow | None]) -> None:
         """The drift gauges, read from the window (None until the model loads) when Prometheus scrapes:
-        nothing per prediction."""
+        nothing per prediction. A threshold is the one in force at the window's fill now (calibrated ones
+        depend on it)."""
 
         def value(statistic: str) -> float:
             drift = window()
             values = drift.values() if drift else None
             return values[statistic] if values else math.nan
+
+        def threshold(statistic: str) -> float:
+            drift = window()
+            return drift.threshold(statistic) if drift else math.nan
 
         def verdict_is(verdict: str) -> float:
             drift = window()
@@ -81,24 +85,25 @@ class Metrics:
 
         for statistic in STATISTICS:
             self.drift_statistic.labels(statistic=statistic).set_function(lambda s=statistic: value(s))
-            self.drift_threshold.labels(statistic=statistic).set(getattr(params, statistic))
+            self.drift_threshold.labels(statistic=statistic).set_function(lambda s=statistic: threshold(s))
         for verdict in VERDICTS:
             self.drift_verdict.labels(verdict=verdict).set_function(lambda v=verdict: verdict_is(v))
         self.drift_window.set_function(lambda: drift.filled if (drift := window()) else 0)
 
 
 def log_drift(verdict: str, report: dict[str, Any]) -> None:
-    """Once when this worker's window crosses a threshold, once when it is back under 0.8 x every threshold."""
+    """Once when this worker's window turns to drift, once when every statistic is back under its recover level."""
     n = report["window"]["filled"]
     stats = ", ".join(
-        f"{name} {s['value']:.3f} (threshold {s['threshold']})" for name, s in report["statistics"].items()
+        f"{name} {s['value']:.3f} (threshold {s['threshold']}, recover under {s['recover']})"
+        for name, s in report["statistics"].items()
     )
     moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report["moved_most"])
     if verdict == DRIFT:
         log.warning("drift in the last %d predictions of worker %d: %s; moved most: %s (GET /drift)",
                     n, os.getpid(), stats, moved)  # fmt: skip
     else:
-        log.warning("drift over: the last %d predictions of worker %d are back under 0.8 x every threshold: %s",
+        log.warning("drift over: the last %d predictions of worker %d are back under every recover level: %s",
                     n, os.getpid(), stats)  # fmt: skip
 
 
@@ -119,11 +124,21 @@ class ReviewFolder:
     def __init__(self, root: Path, max_files: int, max_file_bytes: int) -> None:
         self.root, self.max_files, self.max_file_bytes = root, max_files, max_file_bytes
         self._lock = threading.Lock()
-        self._count = sum(1 for p in root.rglob("*") if p.is_file() and is_image_name(p)) if root.is_dir() else 0
+        self._count = self._images()
 
     @property
     def count(self) -> int:
         return self._count
+
+    def recount(self) -> int:
+        """The images in the folder now: `make add-data SRC=<review folder> INTO=...` takes them out while the
+        server runs, and a person may delete some."""
+        with self._lock:
+            self._count = self._images()
+            return self._count
+
+    def _images(self) -> int:
+        return sum(1 for p in self.root.rglob("*") if p.is_file() and is_image_name(p)) if self.root.is_dir() else 0
 
     def save(self, data: bytes, sha256: str, label: str, record: dict[str, Any]) -> str | None:
         """Write the image and its sidecar (temp + rename); returns why not when it was skipped."""

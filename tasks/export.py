@@ -28,10 +28,10 @@ import torch
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
-from tasks.core.params import ExportParams, Params, derive_seed, section_hash
+from tasks.core.params import DriftParams, ExportParams, Params, derive_seed, section_hash
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
-from tasks.release.drift import REFERENCE_KEY, build_reference, reference_json
+from tasks.release.drift import REFERENCE_KEY, Calibration, build_reference, reference_json
 from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
@@ -112,6 +112,7 @@ def run(
     exports_dir: Path,
     report_path: Path,
     timings_path: Path,
+    drift: DriftParams | None = None,
 ) -> ExportResult:
     model, spec, payload = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
@@ -128,11 +129,12 @@ def run(
     ):
         export_onnx(model, spec, tmp_onnx, params.opset)
         reference = predict_logits(model, images, spec, params.batch_size)
-        fp32, fp32_logits, drift = _scored_with_reference(tmp_onnx, {**metadata, "format": "onnx"}, images, params,
-                                                          threads)  # fmt: skip
+        calibration = Calibration.of(drift or DriftParams(), seed)
+        fp32, fp32_logits, reference_fp32 = _scored_with_reference(tmp_onnx, {**metadata, "format": "onnx"}, images,
+                                                                   params, threads, calibration)  # fmt: skip
         onnx.checker.check_model(str(tmp_onnx), full_check=True)
         report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images), "opset": params.opset,
-                                  "onnx_sha256": fp32.sha256, "drift_reference": drift}  # fmt: skip
+                                  "onnx_sha256": fp32.sha256, "drift_reference": reference_fp32}  # fmt: skip
         checks = parity_checks("onnx", report, params)
         int8_gates: list[Check] = []
         runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
@@ -144,7 +146,7 @@ def run(
         if "onnx_int8" in params.formats:
             sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
             int8, report["onnx_int8"], int8_gates = _int8(tmp_onnx, fp32, staging, metadata, sample, fp32_logits,
-                                                          images, labels, params, threads)  # fmt: skip
+                                                          images, labels, params, threads, calibration)  # fmt: skip
             if int8 is not None:
                 runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
         log.info("gates on %d test images:", len(images))
@@ -181,15 +183,18 @@ def _metadata(
 
 
 def _scored_with_reference(
-    path: Path, metadata: dict[str, str], images: np.ndarray, params: ExportParams, threads: int
-) -> tuple[OnnxModel, np.ndarray, dict[str, Any]]:
+    path: Path, metadata: dict[str, str], images: np.ndarray, params: ExportParams, threads: int,
+    calibration: Calibration,
+) -> tuple[OnnxModel, np.ndarray, dict[str, Any]]:  # fmt: skip
     """The ONNX file's metadata, then its logits on the test split, then its drift reference (its own predictions
     there: what /drift compares traffic to) added to the metadata. Rewriting metadata_props leaves the graph as
-    it was, so the logits are the final file's. The session over the final bytes, the logits, the reference."""
+    it was, so the logits are the final file's. The reference's thresholds are calibrated to serve.drift's
+    false-alarm rate at its window sizes. The session over the final bytes, the logits, the reference."""
     write_metadata(path, metadata)
     scored = OnnxModel.load(path, threads=threads)
     logits = scored.logits(images, params.batch_size)
-    drift = build_reference(softmax(logits), scored.class_names)
+    drift = build_reference(softmax(logits), scored.class_names, sizes=calibration.sizes,
+                            false_alarm_rate=calibration.false_alarm_rate, seed=calibration.seed)  # fmt: skip
     write_metadata(path, {**metadata, REFERENCE_KEY: reference_json(drift)})
     return OnnxModel.load(path, threads=threads), logits, drift
 
@@ -208,6 +213,7 @@ def _torchscript(
 def _int8(
     fp32_path: Path, fp32: OnnxModel, staging: Path, metadata: dict[str, str], sample: np.ndarray,
     fp32_logits: np.ndarray, images: np.ndarray, labels: np.ndarray, params: ExportParams, threads: int,
+    calibration: Calibration,
 ) -> tuple[OnnxModel | None, dict[str, Any], list[Check]]:  # fmt: skip
     """Static INT8 in `staging`, gated against fp32; the session (None when its gates refused it), report, gates.
 
@@ -217,7 +223,7 @@ def _int8(
     quantize_int8(fp32_path, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
                   per_channel=params.int8.per_channel, keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
     int8, int8_logits, _ = _scored_with_reference(staging / INT8_FILE, {**metadata, "format": "onnx_int8"}, images,
-                                                  params, threads)  # fmt: skip
+                                                  params, threads, calibration)  # fmt: skip
     q = int8_report(fp32_logits, int8_logits, labels)
     gates = int8_checks(q, params)
     kept = all(c.passed for c in gates)
@@ -238,6 +244,7 @@ def _main(p: Params) -> None:
         exports_dir=p.paths.exports,
         report_path=p.paths.export_report,
         timings_path=p.paths.export_timings,
+        drift=p.serve.drift,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tasks.core.params import DriftParams
 from tasks.release.drift import (
     DRIFT,
     NO_REFERENCE,
@@ -18,14 +19,16 @@ from tasks.release.drift import (
     DriftThresholds,
     DriftWindow,
     Reference,
+    Threshold,
+    _Psi,
     build_reference,
+    psi_terms,
     reference_json,
-    sampling_psi,
     top1_and_margin,
 )
 
 CLASSES = ("cat", "dog", "fox", "owl")
-THRESHOLDS = DriftThresholds(window=400, min_predictions=200, class_mix_psi=0.25, top1_psi=0.25, margin_psi=0.25)
+THRESHOLDS = DriftThresholds.fixed(window=400, min_predictions=200, value=0.25)
 
 
 def confident(rng: np.random.Generator, n: int, classes: list[int], sharpness: float = 4.0) -> np.ndarray:
@@ -132,17 +135,112 @@ def test_a_reference_naming_a_class_the_model_lacks_is_refused_in_one_line(test_
     assert Reference.from_metadata({}, CLASSES, "m.onnx") is None
 
 
-def test_the_sampling_noise_of_a_small_reference_is_what_a_window_like_the_test_split_shows() -> None:
-    """sampling_psi's estimate against the top-1 PSI measured on windows drawn like a 50-image test split."""
-    rng = np.random.default_rng(5)
-    small = confident(rng, 50, list(rng.integers(0, 4, 50)), sharpness=1.5)
-    ref = reference_of(small)
-    estimate = sampling_psi(ref, 400)
-    assert estimate == pytest.approx(9 / 50 + 9 / 400)
-    measured = []
-    for _ in range(20):
-        window = DriftWindow(CLASSES, ref, THRESHOLDS)
-        feed(window, confident(rng, 400, list(rng.integers(0, 4, 400)), sharpness=1.5))
-        measured.append(window.report()["statistics"]["top1_psi"]["value"])
-    assert 0.5 * estimate < float(np.median(measured)) < 2 * estimate, (estimate, measured)
-    assert sampling_psi(reference_of(confident(rng, 1000, list(rng.integers(0, 4, 1000)))), 500) < 0.03
+def test_the_window_keeps_each_psi_exactly_as_a_full_recompute_gives_it() -> None:
+    """The O(1) bookkeeping (_Psi) against psi_terms over the same counts, along a long stream with empty bins,
+    full bins and the floor, through the periodic refresh."""
+    rng = np.random.default_rng(6)
+    expected = [0, 1, 5, 50, 400, 44, 0, 500]  # bins the test split left empty, and a rare one
+    psi = _Psi(expected)
+    window: list[int] = []
+    for step in range(5000):
+        i = int(rng.choice(8, p=[0.05, 0.1, 0.05, 0.1, 0.3, 0.1, 0.1, 0.2]))
+        psi.change(i, 1)
+        window.append(i)
+        if len(window) > 300:
+            psi.change(window.pop(0), -1)
+        if step % 700 == 0:
+            psi.refresh()
+        if step % 97 == 0:
+            exact = sum(psi_terms(psi.counts, expected))
+            assert psi.value(len(window)) == pytest.approx(exact, rel=1e-9, abs=1e-12), step
+
+
+class FiftyClasses:
+    """A 50-class model's (class, top-1, margin) on data like its test split: class shares of a Dirichlet(5)."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.k, self.prior, self.names = 50, rng.dirichlet(np.full(50, 5.0)), tuple(f"c{i:02d}" for i in range(50))
+
+    def probs(self, rng: np.random.Generator, n: int, prior: np.ndarray | None = None) -> np.ndarray:
+        classes = rng.choice(self.k, size=n, p=self.prior if prior is None else prior)
+        logits = rng.normal(size=(n, self.k))
+        logits[np.arange(n), classes] += 6.0 + rng.normal(size=n)
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+
+def test_calibrated_thresholds_keep_test_like_traffic_ok_at_fifty_classes_and_catch_one_class() -> None:
+    """Fixed PSI thresholds of 0.25 read every window of 500 test-like predictions of a 50-class model with 500
+    test images as drift (issue 38: 100% at window 200, 20% at 500); calibrated ones stay under their rate."""
+    model = FiftyClasses(7)
+    rng = np.random.default_rng(8)
+    built = build_reference(model.probs(rng, 500), model.names, sizes=(200, 500), false_alarm_rate=0.01)
+    assert set(built["calibration"]["thresholds"]["class_mix_psi"]) == {"200", "500"}
+    ref = Reference.from_metadata({REFERENCE_KEY: reference_json(built)}, model.names, "model.onnx")
+    assert ref is not None and ref.calibration is not None
+    thresholds, warnings = DriftThresholds.resolve(DriftParams(), ref)
+    assert warnings == []
+    fixed = DriftThresholds.fixed(500, 200, 0.25)
+    alarms, fixed_alarms = 0, 0
+    for _ in range(30):
+        traffic = model.probs(rng, 500)
+        for verdicts, th in ((0, thresholds), (1, fixed)):
+            window = DriftWindow(model.names, ref, th)
+            feed(window, traffic)
+            if window.verdict == DRIFT:
+                alarms, fixed_alarms = (alarms + 1, fixed_alarms) if verdicts == 0 else (alarms, fixed_alarms + 1)
+    assert alarms <= 2, alarms  # rate 0.01: P(3 or more of 30) < 0.4%
+    assert fixed_alarms >= 3, fixed_alarms  # what the fixed thresholds did
+    window = DriftWindow(model.names, ref, thresholds)
+    feed(window, model.probs(rng, 200))
+    one = np.zeros(50)
+    one[13] = 1.0
+    feed(window, model.probs(rng, 300, one))  # 300 images of one class
+    report = window.report()
+    assert report["verdict"] == DRIFT and report["statistics"]["class_mix_psi"]["exceeded"]
+    assert report["moved_most"][0]["class"] == "c13"
+    assert report["statistics"]["class_mix_psi"]["source"].startswith("calibrated at export: false-alarm rate 0.01")
+
+
+def test_the_verdict_stays_drift_until_every_statistic_is_back_under_its_recover_level() -> None:
+    """Hysteresis in the verdict, not only in the warning: a window between the recover level and the threshold
+    reads as it read before, so a nightly run does not flap between Drift and Completed."""
+    th = DriftThresholds(20, 10, {s: Threshold(1.0, 0.0, "test", (0.5, 0.0)) for s in ("class_mix_psi",
+                                  "top1_psi", "margin_psi")})  # fmt: skip
+    ref = Reference(100, CLASSES, (25, 25, 25, 25), (0.5,), (50, 50), (0.5,), (50, 50), "test")
+    window = DriftWindow(CLASSES, ref, th)
+
+    def fill(classes: list[int]) -> None:
+        for c in classes:
+            window.add(c, 0.4 if c % 2 else 0.6, 0.4 if c % 2 else 0.6)
+
+    fill([0, 1, 2, 3] * 5)
+    assert window.verdict == OK
+    fill([0] * 20)  # class mix PSI over 1
+    assert window.verdict == DRIFT
+    fill([0, 1, 2, 3, 0, 0, 0, 0, 0, 1] * 2)  # between recover (0.5) and threshold (1.0)
+    values = window.values()
+    assert values is not None and 0.5 < values["class_mix_psi"] <= 1.0, values
+    assert window.verdict == DRIFT and window.report()["verdict"] == DRIFT
+    fill([0, 1, 2, 3] * 5)
+    assert window.verdict == OK
+
+
+def test_thresholds_say_where_they_came_from(test_split: np.ndarray) -> None:
+    """A number in serve.drift is used as it is; a reference without calibration (an older export) is served
+    with the fixed 0.25 and says so; a fixed threshold under the calibrated one is warned of."""
+    legacy = reference_of(test_split)
+    th, warnings = DriftThresholds.resolve(DriftParams(), legacy)
+    assert th.of("class_mix_psi", 300) == 0.25 and "re-export" in th.limits["class_mix_psi"].source
+    assert len(warnings) == 1 and "no calibrated thresholds" in warnings[0]
+    built = build_reference(test_split, CLASSES, sizes=(200, 500))
+    calibrated = Reference.from_metadata({REFERENCE_KEY: reference_json(built)}, CLASSES, "m.onnx")
+    th, warnings = DriftThresholds.resolve(DriftParams(class_mix_psi=0.001), calibrated)
+    assert th.of("class_mix_psi", 500) == 0.001 and th.limits["class_mix_psi"].source.startswith("fixed: params")
+    assert th.limits["top1_psi"].source.startswith("calibrated")
+    assert th.of("top1_psi", 200) == pytest.approx(built["calibration"]["thresholds"]["top1_psi"]["200"])
+    assert th.of("top1_psi", 500) == pytest.approx(built["calibration"]["thresholds"]["top1_psi"]["500"])
+    assert len(warnings) == 1 and "serve.drift.class_mix_psi 0.001 is under" in warnings[0]
+    _, warnings = DriftThresholds.resolve(DriftParams(window=1000, false_alarm_rate=0.05), calibrated)
+    assert len(warnings) == 1 and "re-export after changing serve.drift" in warnings[0]

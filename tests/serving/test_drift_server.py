@@ -100,7 +100,10 @@ def test_a_real_server_says_ok_then_drift_naming_the_class_then_confidence_drift
         metrics = client.get(f"{url}/metrics").text
         assert 'serve_drift_verdict{verdict="drift"} 1.0' in metrics
         assert 'serve_predicted_class_total{label="class_1"}' in metrics
-        assert 'serve_drift_threshold{statistic="class_mix_psi"} 0.25' in metrics
+        gauge = next(
+            line for line in metrics.splitlines() if line.startswith('serve_drift_threshold{statistic="class_m')
+        )
+        assert float(gauge.split()[-1]) == pytest.approx(drift["statistics"]["class_mix_psi"]["threshold"], abs=1e-4)
 
         post_all(client, url, balanced)  # back to the test set's mix
         assert client.get(f"{url}/drift").json()["verdict"] == "ok"
@@ -150,24 +153,84 @@ def test_an_older_model_without_a_reference_is_served_and_drift_says_so(exported
     assert drift["verdict"] == "no reference" and sum(drift["predictions_total"].values()) == 1
 
 
-def test_a_reference_too_small_for_the_thresholds_is_named_at_startup(
+def test_drift_says_where_each_threshold_came_from(
     exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """About 48 test images: 9/48 + 9/500 = 0.2 of PSI from sampling alone, near the 0.25 thresholds."""
+    """Export calibrated the thresholds (serve.drift's rate and windows): /drift names them so, with no warning.
+    A number in serve.drift is used as it is; a reference from before calibration is served with the fixed 0.25
+    and says so, at startup and in /drift."""
     serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
     with (
         caplog.at_level("WARNING", logger="serving"),
         TestClient(create_app(serve, paths_of(exported), load_in_background=False)) as client,
     ):
-        assert client.get("/ready").status_code == 200  # served all the same
-    n = read_json(exported / "reports" / "export.json")["drift_reference"]["num_samples"]
-    said = [r.getMessage() for r in caplog.records if "from sampling alone" in r.getMessage()]
-    assert len(said) == 1 and f"holds {n} test images" in said[0] and "grow the test split" in said[0], said
-    roomy = serve.model_copy(update={"drift": DriftParams(class_mix_psi=1.0, top1_psi=1.0, margin_psi=1.0)})
+        stats = client.get("/drift").json()["statistics"]
+    assert all(s["source"].startswith("calibrated at export: false-alarm rate 0.01") for s in stats.values()), stats
+    assert not [r for r in caplog.records if "drift" in r.getMessage()], [r.getMessage() for r in caplog.records]
+    reference = read_json(exported / "reports" / "export.json")["drift_reference"]["calibration"]["thresholds"]
+    assert stats["top1_psi"]["threshold"] == pytest.approx(reference["top1_psi"]["200"], abs=1e-4)  # empty window
+
+    fixed = serve.model_copy(update={"drift": DriftParams(class_mix_psi=9.0)})
+    with TestClient(create_app(fixed, paths_of(exported), load_in_background=False)) as client:
+        stats = client.get("/drift").json()["statistics"]
+    assert stats["class_mix_psi"]["threshold"] == 9.0 and stats["class_mix_psi"]["source"].startswith("fixed: params")
+    assert stats["top1_psi"]["source"].startswith("calibrated")
+
+    project = tmp_path / "older"
+    (project / "models").mkdir(parents=True)
+    onnx_path = project / "models" / "model.onnx"
+    proto = onnx.load(str(exported / "models" / "model.onnx"))
+    metadata = {p.key: p.value for p in proto.metadata_props}
+    older = json.loads(metadata[REFERENCE_KEY])
+    del older["calibration"]
+    onnx.save(proto, str(onnx_path))
+    write_metadata(onnx_path, {**metadata, REFERENCE_KEY: json.dumps(older)})
+    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
     caplog.clear()
     with (
         caplog.at_level("WARNING", logger="serving"),
-        TestClient(create_app(roomy, paths_of(exported), load_in_background=False)),
+        TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client,
     ):
-        pass
-    assert not [r for r in caplog.records if "from sampling alone" in r.getMessage()]
+        stats = client.get("/drift").json()["statistics"]
+    assert all(s["threshold"] == 0.25 and "re-export to calibrate" in s["source"] for s in stats.values()), stats
+    said = [r.getMessage() for r in caplog.records if "no calibrated thresholds" in r.getMessage()]
+    assert len(said) == 1 and "model.onnx" in said[0], said
+
+
+def test_reload_serves_the_promoted_model_and_keeps_the_old_one_when_the_new_one_is_refused(
+    exported: Path, tmp_path: Path
+) -> None:
+    """POST /reload after the production model changed: the new one, hash-verified, with a fresh drift window;
+    a file that fails its hash check is refused and the old model goes on serving; loopback clients only."""
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    onnx_path = project / "models" / "model.onnx"
+    onnx_path.write_bytes((exported / "models" / "model.onnx").read_bytes())
+    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
+    one = next((exported / "images" / "class_0").iterdir()).read_bytes()
+    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
+        old = client.get("/ready").json()["model"]
+        assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
+        assert client.post("/reload").json()["status"] == "unchanged"
+        assert client.get("/drift").json()["window"]["filled"] == 1  # unchanged: the window is kept
+
+        int8 = exported / "models" / "exports" / "model.int8.onnx"  # another model file with its own hash
+        onnx_path.write_bytes(int8.read_bytes())
+        write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+        answer = client.post("/reload").json()
+        assert answer["status"] == "reloaded" and answer["previous"] == old
+        assert answer["model"]["sha256"] == sha256_file(int8) != old["sha256"]
+        assert client.get("/ready").json()["model"] == answer["model"]
+        assert client.get("/drift").json()["window"]["filled"] == 0
+        prediction = client.post("/predict", content=one, headers={"content-type": "image/png"}).json()
+        assert prediction["model"]["sha256"] == sha256_file(int8)
+
+        onnx_path.write_bytes(onnx_path.read_bytes()[:-10] + b"0123456789")  # altered after its hash was recorded
+        refused = client.post("/reload")
+        assert refused.status_code == 500 and refused.json()["error"] == "reload_failed"
+        assert "does not match the recorded" in refused.json()["detail"]
+        assert client.get("/ready").json()["model"]["sha256"] == sha256_file(int8)  # still serving
+        assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
+    with TestClient(create_app(serve, paths_of(project)), client=("10.1.2.3", 50000)) as outside:
+        assert outside.post("/reload").status_code == 403
