@@ -1,5 +1,5 @@
 """The automations: crash detection (a flow run marked Crashed once its heartbeats stop), and the drift
-notification (a regression-flow run that ends in its "Drift" state sends a notification).
+notification (a regression-flow run that ends in its "Drift" or "DriftUnread" state sends a notification).
 
 A flow run sends a heartbeat event every PREFECT_FLOWS_HEARTBEAT_FREQUENCY seconds (30 in prefect.yaml).
 When the process running it dies (worker killed, machine gone, OOM), the heartbeats stop and, `within`
@@ -24,7 +24,7 @@ from prefect.events.actions import ChangeFlowRunState, SendNotification
 from prefect.events.schemas.automations import EventTrigger, Posture
 from prefect.events.schemas.events import ResourceSpecification
 
-from flows.drift import DRIFT_STATE
+from flows.drift import DRIFT_STATE, DRIFT_UNREAD_STATE
 
 AUTOMATION_NAME = "imagepipe: mark runs Crashed when their heartbeats stop"
 DRIFT_AUTOMATION_NAME = "imagepipe: notify when the nightly check finds drift"
@@ -61,13 +61,15 @@ def crash_automation(within_s: int = DEFAULT_WITHIN_S) -> Automation:
 
 
 def drift_automation(block_document_id: UUID) -> Automation:
-    """A regression-flow run entering its Drift state -> a notification through the block, naming the run."""
+    """A regression-flow run entering its Drift or DriftUnread state -> a notification through the block, naming
+    the run and the state. (The name stays the one it had before DriftUnread, so updating it keeps one.)"""
     return Automation(
         name=DRIFT_AUTOMATION_NAME,
-        description=f"A regression-flow run that ends in '{DRIFT_STATE}' (the served model's traffic drifted) "
-        "sends a notification.",
+        description=f"A regression-flow run that ends in '{DRIFT_STATE}' (the served model's traffic drifted) or "
+        f"'{DRIFT_UNREAD_STATE}' (its /drift could not be read on several runs in a row) sends a notification.",
         trigger=EventTrigger(
-            expect={f"prefect.flow-run.{DRIFT_STATE}"},
+            # One event per state a run enters, named after the state: either name fires it.
+            expect={f"prefect.flow-run.{DRIFT_STATE}", f"prefect.flow-run.{DRIFT_UNREAD_STATE}"},
             match=ResourceSpecification({"prefect.resource.id": "prefect.flow-run.*"}),
             match_related=ResourceSpecification(
                 {"prefect.resource.role": "flow", "prefect.resource.name": "regression-flow"}
@@ -80,10 +82,10 @@ def drift_automation(block_document_id: UUID) -> Automation:
         actions=[
             SendNotification(
                 block_document_id=block_document_id,
-                subject="imagepipe: the served model's traffic drifted",
+                subject="imagepipe: the nightly drift check: {{ flow_run.state.name }}",
                 body="{{ flow_run.name }} ({{ flow.name }}) ended in {{ flow_run.state.name }}: "
                 "{{ flow_run.state.message }}. Its artifacts regression-flow-drift and "
-                "regression-flow-drift-figure show what moved.",
+                "regression-flow-drift-figure show what moved, or why the server was not read.",
             )
         ],
     )

@@ -4,7 +4,8 @@
 in params.yaml `regression.drift_servers`, nothing else (no path, no credentials: the flow reads one
 fixed route over HTTP, never a shell). `read_drift` answers the server's report or one line saying why
 not; `publish_drift` makes the artifacts; `drift_figure` draws expected against observed class mix,
-top-1 and margin.
+top-1 and margin. The nightly reads the server's verdict; it never judges the statistics itself.
+`unread_nights` counts the runs in a row that could not read the server, from the Prefect API.
 """
 
 from __future__ import annotations
@@ -17,11 +18,32 @@ from typing import Any
 
 import httpx
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+    FlowFilter,
+    FlowFilterId,
+    FlowRunFilter,
+    FlowRunFilterDeploymentId,
+    FlowRunFilterId,
+    FlowRunFilterStartTime,
+)
+from prefect.client.schemas.sorting import ArtifactSort, FlowRunSort
+from prefect.context import FlowRunContext
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 TABLE_KEY, FIGURE_KEY = "regression-flow-drift", "regression-flow-drift-figure"
 TIMEOUT_S = 10.0
 DRIFT_STATE = "Drift"  # the name of the state a nightly run with drift ends in (the drift automation matches it)
+# ... and the one a run ends in when the server could not be read on regression.drift_unreadable_nights runs in a row
+DRIFT_UNREAD_STATE = "DriftUnread"
+# The NOT READ artifact's description: how a later run knows this one could not read its server (unread_nights).
+UNREAD_DESCRIPTION = "regression-flow: the server's /drift was not read"
+# Earlier runs read back from the API to find the last ones that asked for the same server; their newest artifacts
+# are read two a run (a retry adds one), 100 at most: within the 200 a Prefect server answers by default.
+LOOKBACK_RUNS = 50
 
 
 class DriftUnavailable(RuntimeError):
@@ -68,19 +90,28 @@ def summary(report: dict[str, Any]) -> str:
     """One line: the verdict, the window, each statistic that exceeded its threshold, the classes that moved."""
     window = report["window"]
     head = f"{report['verdict']} over the last {window['filled']} of {window['size']} predictions"
-    exceeded = [f"{name} {s['value']:.3f} > {s['threshold']}" for name, s in report.get("statistics", {}).items()
-                if s["exceeded"]]  # fmt: skip
+    exceeded = [f"{name} {s['value']:.3f} > {s['threshold']}{_source(s, ' ({})')}"
+                for name, s in report.get("statistics", {}).items() if s["exceeded"]]  # fmt: skip
     moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report.get("moved_most", []))
     return "; ".join(part for part in (head, ", ".join(exceeded), f"moved most: {moved}" if moved else "") if part)
 
 
+def _source(statistic: dict[str, Any], form: str = "{}") -> str:
+    """Where a statistic's threshold comes from (calibrated at export, or fixed in params.yaml), formatted; ""
+    from a server that does not say."""
+    source = statistic.get("source")
+    return form.format(source) if source else ""
+
+
 def table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each statistic with its threshold, then each class with expected and observed share and contribution."""
+    """Each statistic with its threshold and where it comes from, then each class with expected and observed
+    share and contribution."""
     rows: list[dict[str, Any]] = [
-        {"what": name, "value": s["value"], "threshold": s["threshold"], "expected": None, "observed": None,
-         "drift": s["exceeded"]} for name, s in report.get("statistics", {}).items()
+        {"what": name, "value": s["value"], "threshold": s["threshold"], "source": _source(s) or None,
+         "expected": None, "observed": None, "drift": s["exceeded"]}
+        for name, s in report.get("statistics", {}).items()
     ]  # fmt: skip
-    rows += [{"what": f"class {row['class']}", "value": row["contribution"], "threshold": None,
+    rows += [{"what": f"class {row['class']}", "value": row["contribution"], "threshold": None, "source": None,
               "expected": row["expected"], "observed": row["observed"], "drift": None}
              for row in report.get("classes", [])]  # fmt: skip
     return rows
@@ -129,14 +160,19 @@ def figure_markdown(base: str, report: dict[str, Any], png: bytes | None) -> str
     review = report.get("review", {})
     saved = review.get("saved")
     review_line = (f"[{saved} low-confidence inputs saved for review](file://{review['dir']}) in `{review['dir']}` "
-                   f"(at most {review.get('max_files')}): relabel them, `make add-data`, retrain (docs: Watching a "
-                   "deployed model)") if saved is not None else "review folder: not reported"  # fmt: skip
+                   f"(at most {review.get('max_files')}): relabel them, `make add-data SRC={review['dir']} "
+                   "INTO=<dataset>`, retrain (docs: Watching a deployed model)") if saved is not None \
+        else "review folder: not reported"  # fmt: skip
     lines = [
         f"# Drift of {base}: {report['verdict'].upper()}",
         "",
         f"- {summary(report)}",
         f"- {report.get('scope', '')}",
         f"- model: `{(report.get('model') or {}).get('version')}`",
+        *[
+            f"- {name} threshold {s['threshold']}{_source(s, ': {}')}"
+            for name, s in report.get("statistics", {}).items()
+        ],
         f"- {review_line}",
         "",
     ]
@@ -157,5 +193,66 @@ def publish_drift(base: str, report: dict[str, Any]) -> None:
 
 
 def publish_unavailable(base: str, why: str) -> None:
+    """The NOT READ artifact: under the figure's key, so its history shows the nights without a figure, and with
+    UNREAD_DESCRIPTION, which `unread_nights` of later runs looks for."""
     markdown = f"# Drift of {base}: NOT READ\n\n{why}\n\nThe regression check ran without it.\n"
-    create_markdown_artifact(markdown, key=FIGURE_KEY, description="regression-flow: the server's /drift was not read")
+    create_markdown_artifact(markdown, key=FIGURE_KEY, description=UNREAD_DESCRIPTION)
+
+
+def _same_server(server: object, base: str, allowed: Sequence[str]) -> bool:
+    try:
+        return isinstance(server, str) and checked_server(server, allowed) == base
+    except ValueError:
+        return False
+
+
+def unread_nights(base: str, allowed: Sequence[str], limit: int) -> int:
+    """The runs in a row, this one included (it could not read `base`), that could not read the server; at most
+    `limit` (regression.drift_unreadable_nights). Called from a regression-flow run.
+
+    The earlier runs are this flow's runs of the same deployment (or, run without one, of no deployment) that
+    asked for the same server, newest first, read back from the Prefect API. A run could not read it when its
+    drift artifact is the NOT READ one, and read it when it is a figure. The artifact belongs to the run whatever
+    state the run ended in (Completed, no baseline, a regression, a crash after the read), where its state's
+    name or message would not tell. A run that never came to the read (no artifact) counts neither way.
+    """
+    context = FlowRunContext.get()
+    if limit <= 1 or context is None or context.flow_run is None:
+        return 1
+    run = context.flow_run
+    deployment = (FlowRunFilterDeploymentId(any_=[run.deployment_id]) if run.deployment_id
+                  else FlowRunFilterDeploymentId(is_null_=True))  # fmt: skip
+    earlier_runs = FlowRunFilter(id=FlowRunFilterId(not_any_=[run.id]), deployment_id=deployment,
+                                 start_time=FlowRunFilterStartTime(is_null_=False))  # fmt: skip
+    with get_client(sync_client=True) as client:
+        earlier = client.read_flow_runs(flow_filter=FlowFilter(id=FlowFilterId(any_=[run.flow_id])),
+                                        flow_run_filter=earlier_runs, sort=FlowRunSort.START_TIME_DESC,
+                                        limit=LOOKBACK_RUNS)  # fmt: skip
+        asked = [r.id for r in earlier if _same_server(r.parameters.get("server"), base, allowed)]
+        if not asked:
+            return 1
+        of_runs = ArtifactFilter(
+            key=ArtifactFilterKey(any_=[FIGURE_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=asked)
+        )
+        artifacts = client.read_artifacts(artifact_filter=of_runs, sort=ArtifactSort.CREATED_DESC,
+                                          limit=2 * len(asked))  # fmt: skip
+    latest: dict[Any, Any] = {}
+    for artifact in artifacts:  # newest first: a retried run's last attempt decides
+        latest.setdefault(artifact.flow_run_id, artifact)
+    nights = 1
+    for run_id in asked:
+        artifact = latest.get(run_id)
+        if artifact is None:
+            continue
+        if artifact.description != UNREAD_DESCRIPTION:
+            break
+        nights += 1
+        if nights >= limit:
+            break
+    return nights
+
+
+def unread_message(base: str, nights: int, why: str) -> str:
+    """The DriftUnread state's message."""
+    return (f"drift of {base} not read on {nights} run(s) in a row (regression.drift_unreadable_nights): {why}; "
+            "start the server or fix the URL, and check `curl <server>/drift`")  # fmt: skip

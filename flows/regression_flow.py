@@ -5,8 +5,11 @@ production model (the promoted baseline's ONNX, or paths.onnx at a git revision)
 -> metrics -> compared with baseline/metrics.json under params.yaml's regression rules -> a verdict
 artifact; the run fails when the model file's hash differs from the recorded one or when it regressed.
 With `server` (a checked URL, flows/drift.py), the server's GET /drift -> a table and a figure artifact;
-drift found (and no regression) ends the run in a Failed state named "Drift", which the drift
-automation (flows/automations.py) reacts to. A server that cannot be read costs one line, not the check.
+the server's verdict drift (and no regression, or no baseline to check) ends the run in a Failed state named
+"Drift", which the drift automation (flows/automations.py) reacts to. A server that cannot be read costs one
+line, not the check, until regression.drift_unreadable_nights runs in a row could not read it: that run ends
+Failed, named "DriftUnread", which the drift automation reacts to as well. A regression outranks both: the
+run fails as a regression, drift named in its message.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +28,28 @@ from prefect.states import Failed, State
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
 from flows.drift import (
     DRIFT_STATE,
+    DRIFT_UNREAD_STATE,
     DriftUnavailable,
     checked_server,
     publish_drift,
     publish_unavailable,
     read_drift,
     summary,
+    unread_message,
+    unread_nights,
 )
 from flows.shell import refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
 from tasks.release.inference import ModelIntegrityError
-from tasks.release.production import ProductionModel, ProductionModelError, load_baseline, promoted_model
-from tasks.release.scoring import score_split
+from tasks.release.production import (
+    ProductionModel,
+    ProductionModelError,
+    load_baseline,
+    load_promoted_test_set,
+    promoted_model,
+)
+from tasks.release.scoring import score_promoted_set, score_split
 from tasks.release.verdict import compare, format_table
 
 REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./~^-]*")  # a name git and DVC take as a revision, never an option
@@ -69,24 +82,44 @@ def _model_at_revision(repo: Path, params: Params, revision: str, scratch: Path)
 
 
 @task(name="score-production-model", cache_policy=None)
-def score(model: ProductionModel, shard_dir: Path, batch_size: int) -> dict[str, Any]:
-    """The file's hash is checked before onnxruntime reads it; then the fixed test split is scored."""
-    return score_split(model.load(), shard_dir, "test", batch_size)
+def score(model: ProductionModel, shard_dir: Path, batch_size: int, promoted: Collection[str] | None = None
+          ) -> dict[str, Any]:  # fmt: skip
+    """The file's hash is checked before onnxruntime reads it; then the fixed test set is scored: the test images
+    that were promoted with the model (baseline/test_set.json), so images that joined the test split since (make
+    add-data INTO=...) leave the comparison with its promoted metrics as it was; the whole test split for a
+    baseline promoted before that record."""
+    loaded = model.load()
+    if promoted is None:
+        return score_split(loaded, shard_dir, "test", batch_size)
+    return score_promoted_set(loaded, shard_dir, promoted, batch_size)
 
 
 @task(name="read-server-drift", cache_policy=None)
-def server_drift(base: str) -> dict[str, Any] | None:
-    """GET <server>/drift and its artifacts; None (one line in the log and the artifact) when unreadable."""
+def server_drift(base: str) -> tuple[dict[str, Any] | None, str]:
+    """GET <server>/drift and its artifacts: (the report, "") or, when unreadable, (None, why) with one line in
+    the log and the NOT READ artifact."""
     logger = get_run_logger()
     try:
         report = read_drift(base)
     except DriftUnavailable as exc:
         logger.warning("drift not read: %s; the regression check runs without it", exc)
         publish_unavailable(base, str(exc))
-        return None
+        return None, str(exc)
     publish_drift(base, report)
     logger.info("drift of %s: %s", base, summary(report))
-    return report
+    return report, ""
+
+
+def _drift_attention(base: str | None, drift: dict[str, Any] | None, unread: str | None, checked: str) -> State | None:
+    """The state a run whose regression check did not fail ends in when the server's drift needs attention (None:
+    it does not): Drift on the server's verdict drift, DriftUnread on `unread`; `checked` says what the regression
+    check found."""
+    if drift is not None and drift["verdict"] == "drift":
+        # Not Completed: the UI shows it red, by this name, and the drift automation reacts to it.
+        return Failed(name=DRIFT_STATE, message=f"drift of {base}: {summary(drift)}; {checked}")
+    if unread is not None:
+        return Failed(name=DRIFT_UNREAD_STATE, message=f"{unread}; {checked}")
+    return None
 
 
 @flow(name="regression-flow", log_prints=True)
@@ -102,19 +135,26 @@ def regression_flow(revision: str | None = None, server: str | None = None) -> d
     logger = get_run_logger()
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
-    base = checked_server(server, params.regression.drift_servers) if server else None
-    drift = server_drift(base) if base else None
+    regression = params.regression
+    base = checked_server(server, regression.drift_servers) if server else None
+    drift, why = server_drift(base) if base else (None, "")
     drifted = drift is not None and drift["verdict"] == "drift"
+    unread = None  # the DriftUnread message, once the server went unread on drift_unreadable_nights runs in a row
+    if base is not None and drift is None:
+        nights = unread_nights(base, regression.drift_servers, regression.drift_unreadable_nights)
+        logger.info("drift of %s not read on %d run(s) in a row (DriftUnread at %d)", base, nights,
+                    regression.drift_unreadable_nights)  # fmt: skip
+        if nights >= regression.drift_unreadable_nights:
+            unread = unread_message(base, nights, why)
     baseline = load_baseline(repo / params.paths.baseline)
     if baseline is None:
-        # Not a crash: nothing was promoted yet. The run says so as its state message and artifact.
+        # Not a crash: nothing was promoted yet. The run says so as its state message and artifact; drift (or a
+        # server long unread) still ends it in the state the drift automation reacts to, the note in its message.
         message = (f"no baseline yet: nothing to check ({repo / params.paths.baseline / BASELINE_METRICS} is absent); "
                    "run `make promote` after a good train-flow/prod run, then commit baseline/")  # fmt: skip
         publish_no_baseline(message)
         logger.warning("%s", message)
-        if drifted:
-            message += f"; drift of {base}: {summary(drift)}"  # type: ignore[arg-type]
-        return Failed(message=message)
+        return _drift_attention(base, drift, unread, f"no regression check: {message}") or Failed(message=message)
     with tempfile.TemporaryDirectory(prefix="regression-flow-") as scratch:
         model = (
             _promoted_model(repo, params)
@@ -123,28 +163,31 @@ def regression_flow(revision: str | None = None, server: str | None = None) -> d
         )
         logger.info("production model: %s", model.detail)
         try:
-            metrics = score(model, repo / params.paths.shards, params.regression.batch_size)
+            promoted = load_promoted_test_set(repo / params.paths.baseline) if revision is None else None
+            metrics = score(model, repo / params.paths.shards, params.regression.batch_size, promoted)
         except ModelIntegrityError as exc:
             publish_integrity_failure(exc)
             raise
     verdict = compare(metrics, baseline, params.regression.rules)
     notes = [
         f"model: {model.detail}; sha256 `{model.expected_sha256}` verified before use",
-        f"test set: {metrics['num_samples']} images, sha256 `{metrics.get('test_set_sha256')}`",
+        f"test set: {metrics['num_samples']} images, sha256 `{metrics.get('test_set_sha256')}`"
+        + (" (the promoted test images of today's split)" if promoted is not None else ""),
         f"baseline: {params.paths.baseline / BASELINE_METRICS}",
     ]
     publish_nightly(verdict, notes)
     table = format_table(verdict)
     logger.info("%s", table)
     if not verdict.passed:
-        found = f"; and drift of {base}: {summary(drift)}" if drifted else ""  # type: ignore[arg-type]
+        # A plain Failed: the drift automation does not see drift (or DriftUnread) behind a regression.
+        found = (f"; and drift of {base}: {summary(drift)}" if drifted  # type: ignore[arg-type]
+                 else f"; and {unread}" if unread else "")  # fmt: skip
         raise RegressionFound(f"the production model regressed against {params.paths.baseline}{found}:\n{table}")
+    checked = "the regression check passed: the model is as good as its baseline on the test set"
     if drifted:
-        # Not Completed: the UI shows it red, by this name, and the drift automation reacts to it.
-        message = (f"drift of {base}: {summary(drift)}; the regression check passed: the model is as good "  # type: ignore[arg-type]
-                   "as its baseline on the test set, but traffic no longer looks like the test set")  # fmt: skip
-        return Failed(name=DRIFT_STATE, message=message)
-    return {"passed": verdict.passed, "metrics": metrics, "drift": drift}
+        checked += ", but traffic no longer looks like the test set"
+    return _drift_attention(base, drift, unread, checked) or {"passed": verdict.passed, "metrics": metrics,
+                                                              "drift": drift}  # fmt: skip
 
 
 if __name__ == "__main__":
