@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv predict add-data add-weights commit-run check-reproduced push pull
+.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 # The pins are for Python 3.11: another Python is refused before a venv is made (pip would fail minutes later).
@@ -154,6 +154,11 @@ review-label-errors: setup
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".
 serve: serve-venv
 	$(SERVE_VENV)/bin/python -m serving
+
+# After `make promote`: the running server (serve.host:serve.port) loads the new production model, verifies its
+# hash and swaps it in; the old one serves until then, and stays when the new one is refused (docs: Serving).
+reload: setup
+	@$(BIN)/python scripts/reload_server.py
 
 # Classify images without a server: SRC=<image or folder> -> OUT (predictions.csv), one row per file, from the
 # torch-free serving venv and the server's code path (MODEL= another ONNX; default what make serve serves).

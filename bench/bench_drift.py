@@ -26,6 +26,7 @@ import argparse
 import itertools
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core.params import DriftParams
-from tasks.release.drift import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file: the project's packages
+from tasks.core.params import DriftParams  # noqa: E402
+from tasks.release.drift import (  # noqa: E402
     DRIFT,
     REFERENCE_KEY,
     DriftThresholds,

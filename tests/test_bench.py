@@ -29,3 +29,16 @@ def test_bench_data_reports_loading_and_preprocessing(tmp_path: Path) -> None:
         assert run["rate"] > 0 and run["decoder_cpu"] > 0 and run["main_cpu"] > 0
     for rates in report["loading_images_per_second"].values():
         assert rates["imagefolder"] > 0 and rates["shards"] > 0
+
+
+def test_bench_drift_reports_false_alarms_detection_and_cost(tmp_path: Path) -> None:
+    out = tmp_path / "drift.json"
+    command = [sys.executable, "bench/bench_drift.py", "--classes", "10", "--windows", "200", "--trials", "20",
+               "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "false alarms (95% CI)" in proc.stdout and "detect +20pt" in proc.stdout
+    (row,) = json.loads(out.read_text())
+    assert row["classes"] == 10 and row["window"] == 200 and row["trials"] == 20
+    assert 0 <= row["false_alarms"] <= 1 and 0 <= row["detection_20_points"] <= 1 and row["us_per_prediction"] > 0
+    assert set(row["thresholds"]) == {"class_mix_psi", "top1_psi", "margin_psi"}
