@@ -31,7 +31,8 @@ from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
 from tasks.core.params import DriftParams, ExportParams, Params, derive_seed, section_hash
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
-from tasks.release.drift import REFERENCE_KEY, Calibration, build_reference, reference_json
+from tasks.release.calibration import Calibration
+from tasks.release.drift import REFERENCE_KEY, build_reference, reference_json
 from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tasks.core.params import DriftParams
+from tasks.release.calibration import Psi
 from tasks.release.drift import (
     DRIFT,
     NO_REFERENCE,
@@ -20,7 +21,6 @@ from tasks.release.drift import (
     DriftWindow,
     Reference,
     Threshold,
-    _Psi,
     build_reference,
     psi_terms,
     reference_json,
@@ -140,7 +140,7 @@ def test_the_window_keeps_each_psi_exactly_as_a_full_recompute_gives_it() -> Non
     full bins and the floor, through the periodic refresh."""
     rng = np.random.default_rng(6)
     expected = [0, 1, 5, 50, 400, 44, 0, 500]  # bins the test split left empty, and a rare one
-    psi = _Psi(expected)
+    psi = Psi(expected)
     window: list[int] = []
     for step in range(5000):
         i = int(rng.choice(8, p=[0.05, 0.1, 0.05, 0.1, 0.3, 0.1, 0.1, 0.2]))
