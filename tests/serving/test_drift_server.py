@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -118,17 +120,24 @@ def test_a_real_server_says_ok_then_drift_naming_the_class_then_confidence_drift
     assert len([w for w in warnings if "drift over" in w]) == 1, warnings
 
 
-def test_a_reference_naming_an_unknown_class_is_refused_at_startup(exported: Path, tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    (project / "models").mkdir(parents=True)
+def served_copy(exported: Path, project: Path, reference: Callable[[dict[str, Any]], dict[str, Any] | None]) -> Path:
+    """project/models/model.onnx: the exported model with its drift reference rewritten by `reference` (None:
+    removed), and the export.json recording its hash, as the server finds a production model."""
     onnx_path = project / "models" / "model.onnx"
+    onnx_path.parent.mkdir(parents=True)
     proto = onnx.load(str(exported / "models" / "model.onnx"))
-    metadata = {p.key: p.value for p in proto.metadata_props}
-    reference = json.loads(metadata[REFERENCE_KEY])
-    reference["classes"][2] = "class_9"
+    metadata = {p.key: p.value for p in proto.metadata_props if p.key != REFERENCE_KEY}
+    rewritten = reference(json.loads(next(p.value for p in proto.metadata_props if p.key == REFERENCE_KEY)))
     onnx.save(proto, str(onnx_path))
-    write_metadata(onnx_path, {**metadata, REFERENCE_KEY: json.dumps(reference)})
+    write_metadata(onnx_path, metadata if rewritten is None else {**metadata, REFERENCE_KEY: json.dumps(rewritten)})
     write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    return project
+
+
+def test_a_reference_naming_an_unknown_class_is_refused_at_startup(exported: Path, tmp_path: Path) -> None:
+    project = served_copy(
+        exported, tmp_path / "project", lambda ref: {**ref, "classes": ["class_0", "class_1", "class_9"]}
+    )
     serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
     with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
         ready = client.get("/ready")
@@ -138,13 +147,7 @@ def test_a_reference_naming_an_unknown_class_is_refused_at_startup(exported: Pat
 
 
 def test_an_older_model_without_a_reference_is_served_and_drift_says_so(exported: Path, tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    (project / "models").mkdir(parents=True)
-    onnx_path = project / "models" / "model.onnx"
-    proto = onnx.load(str(exported / "models" / "model.onnx"))
-    onnx.save(proto, str(onnx_path))
-    write_metadata(onnx_path, {p.key: p.value for p in proto.metadata_props if p.key != REFERENCE_KEY})
-    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    project = served_copy(exported, tmp_path / "project", lambda ref: None)
     serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
     one = next((exported / "images" / "class_0").iterdir()).read_bytes()
     with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
@@ -176,16 +179,9 @@ def test_drift_says_where_each_threshold_came_from(
     assert stats["class_mix_psi"]["threshold"] == 9.0 and stats["class_mix_psi"]["source"].startswith("fixed: params")
     assert stats["top1_psi"]["source"].startswith("calibrated")
 
-    project = tmp_path / "older"
-    (project / "models").mkdir(parents=True)
-    onnx_path = project / "models" / "model.onnx"
-    proto = onnx.load(str(exported / "models" / "model.onnx"))
-    metadata = {p.key: p.value for p in proto.metadata_props}
-    older = json.loads(metadata[REFERENCE_KEY])
-    del older["calibration"]
-    onnx.save(proto, str(onnx_path))
-    write_metadata(onnx_path, {**metadata, REFERENCE_KEY: json.dumps(older)})
-    write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
+    project = served_copy(
+        exported, tmp_path / "older", lambda ref: {k: v for k, v in ref.items() if k != "calibration"}
+    )
     caplog.clear()
     with (
         caplog.at_level("WARNING", logger="serving"),
