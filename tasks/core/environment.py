@@ -32,7 +32,7 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "train": ("torch", "torchvision", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
     "evaluate": ("torch", "torchvision", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
     "export": ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
-    "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
+    "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests
 }
 # Imported by stage code but writing no byte of any output: progress bars on stderr, and DVC's state (read).
 WRITES_NO_OUTPUT = ("tqdm", "dvc")
