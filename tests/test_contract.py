@@ -145,3 +145,18 @@ def test_the_committed_dvc_lock_is_the_current_pipelines() -> None:
             if current != value:
                 stale.append(f"{name}: params {section}")
     assert not stale, f"dvc.lock is stale ({', '.join(stale)}): run `make run && make commit-run`"
+
+
+def test_the_committed_gate_record_is_the_locked_one_enforced_and_accepted() -> None:
+    """make commit-run refuses a failed or unenforced verdict, but a plain `git commit` does not run it: the
+    committed reports/gate.json must be the one dvc.lock records, written by an enforced gate (not `dvc exp run`),
+    with a verdict commit-run accepts."""
+    from tasks.release.gate import ACCEPTED
+
+    path = ROOT / "reports" / "gate.json"
+    gate = yaml.safe_load(path.read_text())  # JSON is YAML
+    lock = yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"]["check_regression"]
+    (locked,) = [out["md5"] for out in lock["outs"] if out["path"] == "reports/gate.json"]
+    assert hashlib.md5(path.read_bytes()).hexdigest() == locked, "reports/gate.json is not the one dvc.lock records"
+    assert gate["enforced"] is True, f"reports/gate.json was recorded by `dvc exp run` (not enforced): {gate}"
+    assert gate["verdict"] in ACCEPTED, f"the committed verdict is {gate['verdict']!r}: {gate.get('summary')}"

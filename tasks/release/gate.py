@@ -6,7 +6,7 @@ a verdict that `dvc exp run` recorded without enforcing it (run `make run` first
 enforced), and a model trained with test hooks. promote (tasks/tools/promote.py) refuses a regression and a
 model trained with test hooks; a baseline of another test set is what promote is for.
 `ALLOW_REGRESSION=1` (make commit-run ALLOW_REGRESSION=1, make promote ALLOW_REGRESSION=1) accepts a
-recorded regression explicitly; nothing accepts test hooks.
+recorded regression explicitly; nothing accepts test hooks, nor a `different test set` (nothing was compared).
 
 Both first refuse a record that is not this workspace's (tasks/tools/record.py): a stage that DVC's own status
 says is not up to date (a partial run such as `dvc repro export` after a params change), a verdict scored
@@ -39,7 +39,11 @@ def hooks_refusal(test_hooks: str | None, what: str) -> str | None:
 def commit_refusal(gate: Mapping[str, Any], gate_path: Path, train_run: Mapping[str, Any]) -> str | None:
     """Why this run must not become the committed run record, or None."""
     verdict = gate.get("verdict")
-    if verdict not in ACCEPTED and not allowed_by_override():
+    if verdict not in ACCEPTED and not (verdict == "regression" and allowed_by_override()):
+        if verdict != "regression":  # nothing was compared: there is nothing for the override to accept
+            return (f"{gate_path} records verdict '{verdict}' ({gate.get('summary', '')}); {OVERRIDE}=1 accepts a "
+                    "regression only, never a verdict that compared nothing: make the baseline comparable (the "
+                    "summary says how, e.g. `make promote`), then make run and make commit-run")  # fmt: skip
         return (f"{gate_path} records verdict '{verdict}' ({gate.get('summary', '')}); fix the model, or commit it "
                 f"anyway with `make commit-run {OVERRIDE}=1`")  # fmt: skip
     if gate.get("enforced") is not True:  # False under dvc exp run; absent in a record older than the field

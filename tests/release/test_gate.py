@@ -28,10 +28,11 @@ def test_commit_run_takes_a_passing_enforced_record_only(monkeypatch: pytest.Mon
     monkeypatch.delenv("ALLOW_REGRESSION", raising=False)
     assert commit_refusal(gate("pass"), GATE, {"test_hooks": None}) is None
     assert commit_refusal(gate("no baseline"), GATE, {}) is None
-    for verdict in ("regression", "different test set"):
-        refusal = commit_refusal(gate(verdict), GATE, {})
-        assert refusal == (f"reports/gate.json records verdict '{verdict}' (the {verdict} line); fix the model, or "
-                           "commit it anyway with `make commit-run ALLOW_REGRESSION=1`")  # fmt: skip
+    refusal = commit_refusal(gate("regression"), GATE, {})
+    assert refusal == ("reports/gate.json records verdict 'regression' (the regression line); fix the model, or "
+                       "commit it anyway with `make commit-run ALLOW_REGRESSION=1`")  # fmt: skip
+    refusal = commit_refusal(gate("different test set"), GATE, {})  # the override is not offered: nothing compared
+    assert refusal is not None and "ALLOW_REGRESSION=1 accepts a regression only" in refusal
     experiment = commit_refusal(gate("pass", enforced=False), GATE, {})
     assert (
         experiment is not None and "recorded by `dvc exp run`, which does not enforce it; run `make run`" in experiment
@@ -42,6 +43,10 @@ def test_commit_run_takes_a_passing_enforced_record_only(monkeypatch: pytest.Mon
     monkeypatch.setenv("ALLOW_REGRESSION", "1")  # the explicit override: a regression, never test hooks
     assert commit_refusal(gate("regression"), GATE, {}) is None
     assert commit_refusal(gate("pass"), GATE, {"test_hooks": "h"}) is not None
+    nothing_compared = commit_refusal(gate("different test set"), GATE, {})  # the override has nothing to accept
+    assert nothing_compared is not None and "accepts a regression only, never a verdict that compared nothing" in (
+        nothing_compared
+    )
 
 
 def test_promote_refuses_a_regression_not_another_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
