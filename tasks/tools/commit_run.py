@@ -1,13 +1,18 @@
 """`python -m tasks.tools.commit_run` (make commit-run, before its `git commit`): exit 1 with one line when this
 workspace's run must not become the project's record: a record that is not this workspace's run
-(tasks/tools/record.py), then the verdict, the experiment flag and the test hooks (tasks/release/gate.py).
+(tasks/tools/record.py), then the verdict, the experiment flag and the test hooks (tasks/release/gate.py), then
+a file a stage depends on that the commit would not hold (`unstaged_deps`): dvc.lock would name its md5 while the
+commit keeps the old bytes, and a clone of it would be stale from its first command.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
@@ -23,10 +28,44 @@ def _read(path: Path) -> dict[str, Any]:
         raise StageError(f"{path}: not there; run the pipeline first (make run)") from None
 
 
+# What `make commit-run` git-adds itself after this check: the record, and the params and DAG it came from.
+STAGED_BY_MAKE = ("dvc.yaml", "dvc.lock", "params.yaml", "reports", "data", "models", "baseline")
+
+
+def unstaged_deps(root: Path = Path()) -> list[str]:
+    """The files dvc.yaml's stages depend on (their literal deps: code, pretrained weights' .dvc files) that
+    `git commit` would not take as they are: changed since the index, deleted, or untracked. What make commit-run
+    adds itself (STAGED_BY_MAKE) is not asked about; a file already staged is what the commit holds."""
+    try:
+        stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise StageError(f"{root / 'dvc.yaml'}: cannot read its stages ({type(exc).__name__}: {exc})") from None
+    literal = {dep for stage in stages.values() for dep in stage.get("deps") or [] if isinstance(dep, str)}
+    deps = sorted(dep for dep in literal if "${" not in dep and dep.split("/")[0] not in STAGED_BY_MAKE)
+    if not deps:
+        return []
+    proc = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *deps],
+                          cwd=root, capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        raise StageError(f"git status failed in {root.resolve()}: {proc.stderr.strip()}")
+    entries = [entry for entry in proc.stdout.split("\0") if entry]
+    return sorted(entry[3:] for entry in entries if entry[1] != " ")  # XY path: Y, the worktree against the index
+
+
+def unstaged_refusal(files: list[str]) -> str | None:
+    if not files:
+        return None
+    shown = " ".join(files[:10]) + (f" (and {len(files) - 10} more)" if len(files) > 10 else "")
+    return (f"{shown}: changed and not staged, but the stages depend on them and dvc.lock names their new bytes: "
+            f"the commit would hold a record of code it does not hold; `git add {shown}` and make commit-run again, "
+            "or `git stash` them and make run")  # fmt: skip
+
+
 def main() -> int:
     try:
         paths = load_params(PARAMS_FILE).paths
-        refusal = record_refusal(paths) or commit_refusal(_read(paths.gate), paths.gate, _read(paths.train_run))
+        refusal = (record_refusal(paths) or commit_refusal(_read(paths.gate), paths.gate, _read(paths.train_run))
+                   or unstaged_refusal(unstaged_deps()))  # fmt: skip
     except (ParamsError, StageError) as exc:
         print(f"[commit-run] error: {exc}", file=sys.stderr)
         return 2

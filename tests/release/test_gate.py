@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tasks.core.io import sha256_file, write_json
 from tasks.core.paths import Paths
@@ -115,3 +116,35 @@ def test_the_baseline_hash_covers_its_test_set_but_a_lone_test_set_is_no_baselin
     assert with_test_set is not None and baseline_sha256(baseline) not in (None, with_test_set)
     (baseline / "test_set.json").unlink()
     assert baseline_sha256(baseline) not in (None, with_test_set)
+
+
+def test_commit_run_refuses_code_the_commit_would_not_hold(tmp_path: Path) -> None:
+    """A stage's code changed, run (dvc.lock names its new md5) but not staged: `git commit` would keep the old
+    bytes beside a record of the new ones. Refused, naming the file; staged, it is what the commit holds."""
+    from tasks.tools.commit_run import unstaged_deps, unstaged_refusal
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "tasks").mkdir()
+    for name in ("evaluate.py", "train.py"):
+        (tmp_path / "tasks" / name).write_text("# a stage\n")
+    dag = {"stages": {"evaluate": {"cmd": "python -m tasks.evaluate",
+                                   "deps": ["tasks/evaluate.py", "tasks/new.py", "${paths.model}", "reports/x.json"]},
+                      "train": {"cmd": "python -m tasks.train", "deps": ["tasks/train.py"]}}}  # fmt: skip
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dag))
+    git("init", "-q")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "start")
+    assert unstaged_deps(tmp_path) == []
+    (tmp_path / "tasks" / "evaluate.py").write_text("# a stage, changed\n")
+    (tmp_path / "tasks" / "new.py").write_text("# imported by evaluate now\n")  # untracked
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dag) + "# make commit-run adds it itself\n")
+    assert unstaged_deps(tmp_path) == ["tasks/evaluate.py", "tasks/new.py"]
+    refusal = unstaged_refusal(unstaged_deps(tmp_path))
+    assert refusal is not None and refusal.startswith("tasks/evaluate.py tasks/new.py: changed and not staged")
+    assert "`git add tasks/evaluate.py tasks/new.py` and make commit-run again" in refusal
+    git("add", "tasks/evaluate.py", "tasks/new.py")
+    assert unstaged_deps(tmp_path) == [] and unstaged_refusal([]) is None
+    (tmp_path / "tasks" / "train.py").unlink()  # deleted and not staged: the commit would keep it
+    assert unstaged_deps(tmp_path) == ["tasks/train.py"]
