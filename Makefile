@@ -75,8 +75,9 @@ docs-build: setup
 # the cached outputs. Nothing is committed when nothing changed.
 # It refuses a record that is not this workspace's run (a stage DVC says is not up to date, a verdict for
 # another ONNX or baseline, a failed export gate: tasks/tools/record.py), a recorded regression
-# (ALLOW_REGRESSION=1 accepts it), a verdict `dvc exp run` recorded without enforcing it, and a model
-# trained with test hooks (tasks/release/gate.py).
+# (ALLOW_REGRESSION=1 accepts it; a `different test set` nothing accepts), a verdict `dvc exp run` recorded
+# without enforcing it, a model trained with test hooks (tasks/release/gate.py), and a file a stage depends
+# on that is changed but not staged (tasks/tools/commit_run.py).
 MSG ?= pipeline run: dvc.lock and reports
 commit-run: setup
 	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.commit_run
