@@ -137,7 +137,7 @@ train-join: setup
 sanity: setup
 	$(BIN)/python -m tasks.tools.sanity
 
-# When a model misbehaves (README "Debugging"): a layer trace of one real training batch (forward and
+# When a model misbehaves (docs/debugging.md): a layer trace of one real training batch (forward and
 # backward hooks on every module -> reports/inspect.json), and the learning-rate range test
 # (reports/lr_find.json + .png, and the `dvc exp run -S train.lr=...` to try). ARGS: the tools' flags.
 inspect: setup
@@ -152,7 +152,7 @@ review-label-errors: setup
 	$(BIN)/python -m tasks.tools.review_label_errors --top $(TOP)
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
-# behind FastAPI on serve.host:serve.port (params.yaml `serve`). README: "Serving".
+# behind FastAPI on serve.host:serve.port (params.yaml `serve`). docs/serving.md.
 serve: serve-venv
 	$(SERVE_VENV)/bin/python -m serving
 
@@ -172,7 +172,7 @@ tensorboard: setup
 	$(BIN)/tensorboard --logdir runs --host 127.0.0.1
 
 # Prefect, in order: server (127.0.0.1:4200, SQLite in .prefect/), work pool, deployments from
-# prefect.yaml + the crash automation, worker. Settings: scripts/prefect-env.sh. README: "Prefect".
+# prefect.yaml + the crash automation, worker. Settings: scripts/prefect-env.sh. docs/prefect.md.
 prefect-server: setup
 	scripts/prefect.sh server
 

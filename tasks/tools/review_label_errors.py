@@ -4,7 +4,7 @@
     python -m tasks.tools.review_label_errors --top 50
 
 Each file goes where the server puts a low-confidence upload, so one review workflow takes both in
-(README "Serving", low confidence): `<serve.review_dir>/<suggested class>/<sha256>.<ext>` with a
+(docs/serving.md, low confidence): `<serve.review_dir>/<suggested class>/<sha256>.<ext>` with a
 `<sha256>.json` sidecar naming the source file, its given class, the class the model likes best after the
 given one (`suggested`), its score and probabilities.
 Review each image: move it to the folder of its true class, and fix the source file's folder too (the
