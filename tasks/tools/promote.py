@@ -115,6 +115,7 @@ def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path
 
 def _main(params: Params) -> None:
     paths = params.paths
+    load_verified_model(paths.onnx, paths.export_report)  # altered bytes are named as such, before anything else
     refusal = record_refusal(paths)  # before anything is written: a refused promote leaves baseline/ as it was
     if refusal:
         raise StageError(f"refused: {refusal}")
