@@ -32,10 +32,11 @@ from tasks.core.params import TrainParams, load_params
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import ShardSplit, load_manifest
 from tasks.training.augment import Augment
-from tasks.training.checkpoint import Checkpointer, RunIdentity
+from tasks.training.checkpoint import Checkpointer
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.hooks import Hooks
+from tasks.training.identity import RunIdentity
 from tasks.training.loader import StepSampler, make_loader
 from tasks.training.loop import EpochLoop, validate
 from tasks.training.models import build_model, normalize

@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.cli import stage_main
-from tasks.core.environment import dvc_experiment, stage_code
+from tasks.core.environment import dvc_experiment
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, read_json, sha256_file, write_json
 from tasks.core.params import Params, RegressionParams
 from tasks.core.paths import BASELINE_METRICS, BASELINE_ONNX
+from tasks.core.provenance import project_root, stage_code
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import load_manifest
 from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
@@ -86,14 +87,14 @@ def export_gates(export_report: Path) -> tuple[Check, ...]:
 def scoring_key(onnx_sha256: str, shard_dir: Path, batch_size: int, environment_record: Path | None) -> str:
     """What a model's test scores depend on: the ONNX bytes, the test split (its shards' sha256, which cover
     pixels and labels, its images' content hashes in order, the class names), the batch size, this stage's code
-    as dvc.yaml lists it, and its environment record (onnxruntime's version, the CPU's flags, the cores).
+    as the process loaded it, and its environment record (onnxruntime's version, the CPU's flags, the cores).
     Images added to the train or val split leave it as it was."""
     manifest = load_manifest(shard_dir)
     record = environment_record.read_bytes() if environment_record and environment_record.is_file() else b""
     images = "\n".join(split_images(shard_dir, "test", manifest)).encode()
     key = {"onnx": onnx_sha256, "test_shards": [e["sha256"] for e in manifest["splits"]["test"]["shards"]],
            "test_images": hashlib.sha256(images).hexdigest(), "class_names": manifest["class_names"],
-           "batch_size": batch_size, "code": stage_code("check_regression", Path(__file__).resolve().parents[1]),
+           "batch_size": batch_size, "code": stage_code("check_regression", project_root()),
            "environment": hashlib.sha256(record).hexdigest()}  # fmt: skip
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

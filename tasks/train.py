@@ -21,16 +21,17 @@ from typing import Any
 import torch
 
 from tasks.core.cli import stage_main
-from tasks.core.environment import NATIVE_BF16_ENV, cpu_facts_disagree, stage_code
+from tasks.core.environment import NATIVE_BF16_ENV, cpu_facts_disagree
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file, write_json
 from tasks.core.params import Params, TrainParams, derive_seed, section_hash
 from tasks.images.shards import MANIFEST
 from tasks.training import consistency, distributed
 from tasks.training.batches import first_batch, write_batch_grids
-from tasks.training.checkpoint import Checkpointer, prune_runs, run_identity, training_environment
+from tasks.training.checkpoint import Checkpointer, prune_runs
 from tasks.training.dynamics import Dynamics
 from tasks.training.hooks import Hooks, hooks_from_env, planted
+from tasks.training.identity import run_identity, stage_environment, train_code
 from tasks.training.loop import EpochLoop, validate
 from tasks.training.precision import Precision, cpu_has_native_bf16, resolve_precision
 from tasks.training.run_record import Outputs, model_provenance, run_metadata, write_outputs
@@ -161,8 +162,8 @@ def _setup(
     identity = run_identity(params, seed=start.seed, data_sha256=sha256_file(out.shard_dir / MANIFEST),
                             init_sha256=built.transfer["sha256"] if built.transfer else None,
                             device_type=device.type, precision=precision.name,
-                            memory_format=precision.memory_format, code=_train_code(),
-                            environment=training_environment(device, threads))  # fmt: skip
+                            memory_format=precision.memory_format, code=train_code(),
+                            environment=stage_environment(out.environment))  # fmt: skip
     checkpointer = Checkpointer(out.checkpoints / identity.name, identity, hooks)
     optimizer, schedule = start.optimizer(built.module, steps_per_epoch=data.sampler.steps_per_epoch)
     payload = checkpointer.load() if params.resume else None
@@ -192,14 +193,6 @@ def _setup(
     return Setup(start, data, precision, built, runner, checkpointer, telemetry, payload)
 
 
-def _train_code() -> dict[str, str]:
-    """The code this process runs, as dvc.yaml lists the train stage's deps: file -> md5."""
-    try:
-        return stage_code("train", Path(__file__).resolve().parents[1])
-    except (OSError, ValueError) as exc:
-        raise StageError(f"the train stage's code cannot be hashed for the run identity: {exc}") from None
-
-
 def _main(p: Params, *, join: bool = False) -> None:
     t = p.train
     try:
@@ -224,7 +217,7 @@ def main() -> None:
     parser.add_argument("--join", action="store_true",
                         help="train.nnodes > 1: join the job the head node started (make train-join)")  # fmt: skip
     args = parser.parse_args()
-    stage_main("train", lambda p: _main(p, join=args.join))
+    stage_main("train", lambda p: _main(p, join=args.join), ledger=not args.join)
 
 
 if __name__ == "__main__":

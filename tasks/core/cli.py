@@ -3,25 +3,56 @@
 It logs as `[name] message`, loads and validates params.yaml before any work, calls `body(params)`,
 turns a known error (bad params, a StageError) into one line on stderr and exit status 2, and exits
 with the status `body` returns (check_regression: 1 on a regression).
+
+For a stage of dvc.yaml it also holds the stage to what DVC watches (tasks/core/provenance.py): the
+project code it loaded must be in its deps, checked before `body` and again after it (a lazy import),
+and a run that ends well appends its outputs' digests to the local run ledger (`ledger=False`: a process
+that writes no outputs of its own, such as a node that joins another's training).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 
+from tasks.core import provenance
 from tasks.core.errors import StageError
 from tasks.core.params import PARAMS_FILE, Params, ParamsError, load_params
 
 
-def stage_main(name: str, body: Callable[[Params], int | None]) -> None:
+def _declared_stage(name: str) -> bool:
+    """Is `name` a stage of the dvc.yaml beside this code (not a tool such as sanity or promote)?"""
+    try:
+        return name in provenance.stages(provenance.project_root())
+    except provenance.ProvenanceError:
+        return False
+
+
+def _check_code(name: str, when: str) -> None:
+    try:
+        refusal = provenance.undeclared_refusal(name, provenance.project_root(), when)
+    except provenance.ProvenanceError as exc:
+        raise StageError(str(exc)) from None
+    if refusal:
+        raise StageError(refusal)
+
+
+def stage_main(name: str, body: Callable[[Params], int | None], *, ledger: bool = True) -> None:
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s", stream=sys.stdout)
+    stage = _declared_stage(name)
     try:
         params = load_params(PARAMS_FILE)
+        if stage:
+            _check_code(name, "before any work")
         status = body(params)
+        if stage:
+            _check_code(name, "while it ran")
     except (ParamsError, StageError) as exc:
         print(f"[{name}] error: {exc}", file=sys.stderr)
         sys.exit(2)
     if status:
         sys.exit(status)
+    if stage and ledger and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the outputs
+        provenance.record_run(name, provenance.project_root())

@@ -12,13 +12,10 @@ and `make check-reproduced` can say which of these differed from the committed r
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 from importlib import metadata
 from pathlib import Path
-
-import yaml
 
 # The libraries whose code writes bytes into each stage's outputs (names as in constraints.txt): what the
 # stage's code imports (tests/stages/test_environment.py checks it against dvc.yaml's deps), plus what those
@@ -174,18 +171,3 @@ def dvc_experiment() -> str | None:
 
 def machine() -> dict[str, str]:
     return {"python": platform.python_version(), "system": platform.system(), "arch": platform.machine()}
-
-
-def stage_code(stage: str, root: Path) -> dict[str, str]:
-    """The code a stage runs, as dvc.yaml declares it: every dep of `stage` under tasks/ -> its md5 (the
-    digest DVC records in dvc.lock). Read from `root`'s own dvc.yaml and files: the code being run."""
-    dvc_yaml = root / "dvc.yaml"
-    try:
-        deps = yaml.safe_load(dvc_yaml.read_text())["stages"][stage].get("deps") or []
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{dvc_yaml}: cannot read stage {stage}'s deps ({type(exc).__name__}: {exc})") from None
-    code = {}
-    for dep in deps:
-        if isinstance(dep, str) and dep.startswith("tasks/") and "${" not in dep:
-            code[dep] = hashlib.md5((root / dep).read_bytes()).hexdigest()
-    return dict(sorted(code.items()))

@@ -2,123 +2,37 @@
 
 One file per save: a temporary file in the same directory, fsynced, renamed over `last.pt`; a file
 holding NaN/Inf is never written; loading uses weights_only=True and refuses a checkpoint made from
-other params or data. Also: the run identity (what must match to resume) and `train.init_from` weights.
+other params, data, code or environment (tasks/training/identity.py). Also: `train.init_from` weights.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
-import platform
 import random
 import re
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tasks.core.environment import LIBRARIES, library_versions
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, fsync_dir, read_json, sha256_file, write_json
-from tasks.core.nested import flatten
-from tasks.core.params import TrainParams
 from tasks.training.hooks import Hooks
+from tasks.training.identity import RunIdentity, identity_differences
 
 log = logging.getLogger(__name__)
 
 FORMAT = 3  # 2: the step runner's counters apart from the loop's position; 3: training dynamics
 LAST, BEST = "last.pt", "best.pt"
 IDENTITY = "identity.json"  # what the run's identity covers, so that another run can say why it differs
-# Train params left out of the run identity, so changing them (say, auto_batch after an OOM, or more
-# workers) still resumes the interrupted run. None changes the weights, except `compile`, whose fused
-# kernels round differently: a checkpoint loads with or without it, by design.
-OPERATIONAL = frozenset(
-    {"num_workers", "threads", "checkpoint_every_steps", "resume", "histogram_every_steps", "auto_batch"}
-    | {"nonfinite", "max_nonfinite", "compile", "keep_checkpoint_runs", "rdzv_endpoint", "rdzv_timeout_s"}
-)
 
 
 class CheckpointError(StageError):
     """A checkpoint that cannot be written or must not be loaded."""
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    params_sha256: str  # the train params that shape the weights, the seed, init weights, device, precision
-    data_sha256: str  # the shard manifest
-    code_sha256: str = ""  # the train stage's code, as dvc.yaml lists it
-    environment_sha256: str = ""  # library versions, CPU capability, threads: what changes the arithmetic
-    parts: dict[str, Any] = field(default_factory=dict, compare=False)  # what each hash covers, for the why
-
-    @property
-    def name(self) -> str:
-        key = f"{self.params_sha256}:{self.data_sha256}"
-        if self.code_sha256 or self.environment_sha256:
-            key += f":{self.code_sha256}:{self.environment_sha256}"
-        return hashlib.sha256(key.encode()).hexdigest()[:16]
-
-    def hashes(self) -> dict[str, str]:
-        return {"params": self.params_sha256, "data": self.data_sha256, "code": self.code_sha256,
-                "environment": self.environment_sha256}  # fmt: skip
-
-
-def _sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def training_environment(device: torch.device, threads: int) -> dict[str, Any]:
-    """What of the machine changes the weights this process computes: the train stage's libraries, the
-    kernels torch dispatches to on this CPU, and the intra-op threads (they split the reductions)."""
-    env: dict[str, Any] = {"python": platform.python_version(), "libraries": library_versions(LIBRARIES["train"]),
-                           "cpu_capability": torch.backends.cpu.get_cpu_capability()}  # fmt: skip
-    if device.type == "cpu":
-        env["threads"] = threads
-    else:
-        env.update(cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device))
-    return env
-
-
-def run_identity(
-    params: TrainParams,
-    *,
-    seed: int,
-    data_sha256: str,
-    init_sha256: str | None,
-    device_type: str,
-    precision: str = "fp32",
-    memory_format: str = "contiguous",
-    code: dict[str, str] | None = None,
-    environment: dict[str, Any] | None = None,
-) -> RunIdentity:
-    """What the weights depend on: the params, data and start weights; the resolved precision and memory
-    format (auto resolves to bf16 or channels_last on one CPU, fp32 or contiguous on another); the train
-    stage's code (`code`: file -> md5) and its environment (`environment`: libraries, CPU, threads). A run
-    never resumes, or takes as finished, a checkpoint that any of these differ from."""
-    shaping = params.model_dump(mode="json", exclude=set(OPERATIONAL))
-    described = {"train": shaping, "seed": seed, "init": init_sha256, "device": device_type, "precision": precision,
-                 "memory_format": memory_format, "torch": torch.__version__}  # fmt: skip
-    code = code if code is not None else {}
-    environment = environment if environment is not None else {}
-    return RunIdentity(
-        _sha256_json(described), data_sha256, _sha256_json(code) if code else "",
-        _sha256_json(environment) if environment else "",
-        parts={"params": described, "data": data_sha256, "code": code, "environment": environment},
-    )  # fmt: skip
-
-
-def identity_differences(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
-    """`code tasks/training/augment.py`, `environment libraries.torch`, `params train.lr`, `data`: what
-    differs between two identities' parts, by name."""
-    flat_a, flat_b = flatten(theirs), flatten(mine)
-    keys = sorted(k for k in set(flat_a) | set(flat_b) if flat_a.get(k) != flat_b.get(k))
-    return [key.replace(".", " ", 1) if key.startswith(("code.", "environment.", "params.")) else key
-            for key in keys]  # fmt: skip
 
 
 def capture_rng(loader_state: torch.Tensor) -> dict[str, Any]:

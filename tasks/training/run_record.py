@@ -17,8 +17,8 @@ from tasks.core.io import write_json
 from tasks.core.params import Paths, TrainParams
 from tasks.core.plots import plot_history
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.checkpoint import RunIdentity
 from tasks.training.distributed import World
+from tasks.training.identity import RunIdentity
 from tasks.training.loader import StepSampler
 from tasks.training.loop import Progress
 from tasks.training.models import save_model_file
@@ -43,6 +43,7 @@ class Outputs:
     runs: Path  # TensorBoard logs and profile: <runs>/train/<run>
     checkpoints: Path  # <checkpoints>/<run>/last.pt, best.pt
     pretrained: Path  # train.pretrained's weights files (paths.pretrained)
+    environment: Path  # the train stage's environment record: part of the run identity (tasks/training/identity.py)
 
     @classmethod
     def beside(
@@ -55,7 +56,7 @@ class Outputs:
             shard_dir, model, history, plot, run_meta or history.with_name(names.train_run.name),
             history.with_name(names.train_dynamics.name), history.with_name(names.train_batch_png.name),
             history.with_name(names.val_batch_png.name), runs, checkpoints or runs / "checkpoints",
-            pretrained or names.pretrained,
+            pretrained or names.pretrained, history.parent / names.environment.name / "train.json",
         )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from tasks.core.environment import (
 from tasks.environment import resolve
 from tests.helpers.project import ROOT
 from tests.helpers.serving import PARAMS
-from tests.helpers.source import imports_of
+from tests.helpers.source import imports_of, project_files
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -64,14 +64,11 @@ def test_a_library_off_its_pin_is_named() -> None:
 
 def test_every_library_a_stages_code_imports_is_in_its_record() -> None:
     """The record names every library whose code can write bytes into a stage's outputs: each third-party
-    distribution that the stage's code deps (dvc.yaml) import is in LIBRARIES, or declared as writing none."""
+    distribution that the stage's code (its module and the project modules it imports) imports is in
+    LIBRARIES, or declared as writing none."""
     distributions = packages_distributions()
-    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     for name, libraries in LIBRARIES.items():
-        modules = set()
-        for dep in stages[name]["deps"]:
-            if isinstance(dep, str) and dep.startswith("tasks/") and dep.endswith(".py"):
-                modules |= {m.split(".")[0] for m in imports_of(ROOT / dep)}
+        modules = {m.split(".")[0] for f in project_files(f"tasks.{name}", ROOT) for m in imports_of(f)}
         imported = {d.lower() for m in modules for d in distributions.get(m, [])}
         missing = imported - set(libraries) - set(WRITES_NO_OUTPUT)
         assert not missing, f"{name}: its code imports {sorted(missing)}, which its environment record does not name"

@@ -4,6 +4,7 @@ RNG states round-trip; transfer-learning weights skip what does not fit and say 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 from pathlib import Path
@@ -12,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from tasks.core.errors import StageError
 from tasks.core.params import TrainParams
 from tasks.training.checkpoint import (
     FORMAT,
     Checkpointer,
     CheckpointError,
-    RunIdentity,
     capture_rng,
     load_init_weights,
     prune_runs,
     restore_rng,
-    run_identity,
 )
+from tasks.training.identity import RunIdentity, run_identity, stage_environment, train_code
 from tasks.training.models import build_model
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
@@ -165,14 +166,30 @@ def test_run_identity_covers_the_code_and_the_environment(tmp_path: Path) -> Non
     assert why_env is not None and "environment threads changed" in why_env
 
 
-def test_stage_code_hashes_the_train_deps_dvc_yaml_lists() -> None:
-    from tasks.core.environment import stage_code
+def test_the_code_identity_is_what_the_process_loaded_and_the_environment_is_the_record(tmp_path: Path) -> None:
+    """The identity's code is the project files this process loaded that train's deps cover, package
+    __init__ files included; its environment is the train stage's own record, CPU flags and all: two machines
+    that differ only by AMX are two runs."""
+    import tasks.check_regression  # noqa: F401  (another stage's code, in the same process)
+    import tasks.train  # noqa: F401  (what `python -m tasks.train` loads)
     from tests.helpers.project import ROOT
 
-    code = stage_code("train", ROOT)
-    assert "tasks/training/augment.py" in code and "tasks/train.py" in code
-    assert all(path.startswith("tasks/") for path in code)
+    code = train_code(ROOT)
+    expected = {"tasks/__init__.py", "tasks/train.py", "tasks/training/__init__.py", "tasks/training/augment.py"}
+    assert expected <= set(code)
     assert code["tasks/train.py"] == hashlib.md5((ROOT / "tasks/train.py").read_bytes()).hexdigest()
+    assert "tasks/release/verdict.py" not in code  # loaded by other tests in this process, not train's code
+    record = {"cpu": {"flags": ["avx512_bf16"], "torch_capability": "AVX512"}, "precision": "bf16", "threads": 2}
+    (tmp_path / "a.json").write_text(json.dumps(record))
+    amx = {**record, "cpu": {**record["cpu"], "flags": ["avx512_bf16", "amx_bf16"]}}
+    (tmp_path / "b.json").write_text(json.dumps(amx))
+    a, b = (run_identity(TrainParams(), seed=1, data_sha256="d", init_sha256=None, device_type="cpu", code=code,
+                         environment=stage_environment(tmp_path / name)) for name in ("a.json", "b.json"))  # fmt: skip
+    assert a.name != b.name and a.code_sha256 == b.code_sha256
+    assert stage_environment(tmp_path / "absent.json") == {}
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(StageError, match=r"bad.json: not the environment stage's JSON"):
+        stage_environment(tmp_path / "bad.json")
 
 
 def test_init_weights_skip_mismatched_layers_and_list_them(tmp_path: Path) -> None:

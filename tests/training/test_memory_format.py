@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 
 from tasks.core.params import TrainParams
 from tasks.training import distributed
-from tasks.training.checkpoint import Checkpointer, RunIdentity
+from tasks.training.checkpoint import Checkpointer
+from tasks.training.identity import RunIdentity
 from tasks.training.models import build_model
 from tasks.training.optim import build_optimizer
 from tasks.training.precision import NATIVE_BF16_ENV, Precision, resolve_memory_format, resolve_precision

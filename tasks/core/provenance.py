@@ -1,0 +1,215 @@
+"""What a stage really ran and what it really made: its code against dvc.yaml, and the local run ledger.
+
+- `undeclared_code`: project files this process loaded (every module under tasks/ in sys.modules, the
+  package `__init__.py` files included) that the stage's deps in dvc.yaml do not cover, as a file or as a
+  folder that holds it. `stage_main` checks it after the stage's imports, before any work, and again
+  before the stage counts as done: a stage that runs code DVC does not watch stops, naming the file.
+- `loaded_code`: those files -> md5, the code identity of what ran (train's checkpoint identity).
+- The ledger (`<paths.runs>/ledger.jsonl`, untracked, never pushed): a line per stage that really ran in
+  this workspace, with a digest of each output it wrote, the hash of its environment record and the time.
+  Outputs that `dvc pull`, DVC's run cache or a checkout put here have no line: `recomputed` tells them
+  apart, and `make check-reproduced` judges only what this workspace computed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PACKAGE = "tasks"
+LEDGER = "ledger.jsonl"
+ALWAYS = "always changed"  # what `recomputed` says of a stage with no outputs to compare
+
+
+class ProvenanceError(ValueError):
+    """dvc.yaml or params.yaml cannot say what a stage declares."""
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(path: Path, stamp: tuple[int, int]) -> Any:
+    """A YAML file, parsed once per version of it (libyaml's loader where PyYAML has it): a stage asks for
+    dvc.yaml and params.yaml several times, and every no-op `dvc repro` runs two stages."""
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def _load(path: Path) -> Any:
+    stat = path.stat()
+    return _parsed(path.resolve(), (stat.st_mtime_ns, stat.st_size))
+
+
+def stages(root: Path) -> dict[str, Any]:
+    try:
+        return _load(root / "dvc.yaml")["stages"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise ProvenanceError(f"{root / 'dvc.yaml'}: cannot read its stages ({type(exc).__name__}: {exc})") from None
+
+
+def _params(root: Path) -> dict[str, Any]:
+    try:
+        return _load(root / "params.yaml") or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProvenanceError(f"{root / 'params.yaml'}: cannot read it ({type(exc).__name__}: {exc})") from None
+
+
+def _interpolate(text: str, params: dict[str, Any]) -> str:
+    """`${paths.reports}/x.json` -> `reports/x.json`, as DVC resolves dvc.yaml from params.yaml."""
+
+    def value(match: re.Match[str]) -> str:
+        node: Any = params
+        for key in match.group(1).strip().split("."):
+            if not isinstance(node, dict) or key not in node:
+                raise ProvenanceError(f"dvc.yaml: ${{{match.group(1)}}} is not a key of params.yaml")
+            node = node[key]
+        return str(node)
+
+    return re.sub(r"\$\{([^}]+)\}", value, text)
+
+
+def _paths(entries: Iterable[Any] | None, params: dict[str, Any]) -> list[str]:
+    names = [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
+    return [_interpolate(name, params).rstrip("/") for name in names]
+
+
+def declared(stage: str, root: Path) -> tuple[list[str], list[str]]:
+    """A stage's deps and its outputs (outs, metrics and plots), as dvc.yaml declares them, resolved."""
+    spec, params = stages(root)[stage], _params(root)
+    outs = [p for key in ("outs", "metrics", "plots") for p in _paths(spec.get(key), params)]
+    return _paths(spec.get("deps"), params), outs
+
+
+def loaded_files(root: Path) -> list[str]:
+    """Every file under root/tasks that this process has imported, relative to root."""
+    package = (root / PACKAGE).resolve()
+    found = set()
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(package) and path.suffix == ".py":
+            found.add(path.relative_to(root.resolve()).as_posix())
+    return sorted(found)
+
+
+def undeclared_code(stage: str, root: Path) -> list[str]:
+    """Loaded project files that no dep of `stage` covers (the dep itself, or a folder above it)."""
+    deps, _ = declared(stage, root)
+    return [f for f in loaded_files(root) if not any(f == d or f.startswith(d + "/") for d in deps)]
+
+
+def undeclared_refusal(stage: str, root: Path, when: str) -> str | None:
+    missing = undeclared_code(stage, root)
+    if not missing:
+        return None
+    return (f"stage {stage} loaded {', '.join(missing)} {when}, which its deps in dvc.yaml do not cover: DVC "
+            "would not rerun it when that code changes. Add the file (or its folder) to the stage's deps in "
+            "dvc.yaml")  # fmt: skip
+
+
+def md5_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def loaded_code(root: Path) -> dict[str, str]:
+    """The project code this process runs: every loaded file under tasks/ -> its md5 (as dvc.lock records it)."""
+    return {f: md5_file(root / f) for f in loaded_files(root)}
+
+
+def stage_code(stage: str, root: Path) -> dict[str, str]:
+    """The code `stage` runs: loaded project files that its deps cover -> md5. In a stage process that is all
+    it loaded (stage_main refuses more); a test process that loaded other code leaves the rest out."""
+    deps, _ = declared(stage, root)
+    return {f: md5 for f, md5 in loaded_code(root).items() if any(f == d or f.startswith(d + "/") for d in deps)}
+
+
+def digest(path: Path) -> str | None:
+    """The hash DVC 3 records for `path` in dvc.lock: a file's md5; a folder's, the md5 of the JSON list of its
+    files' md5 and relative path (sorted, `__pycache__` left out as .dvcignore says) plus ".dir". None if absent."""
+    if path.is_file():
+        return md5_file(path)
+    if not path.is_dir():
+        return None
+    files = [f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.relative_to(path).parts]
+    entries = sorted(({"md5": md5_file(f), "relpath": f.relative_to(path).as_posix()} for f in files),
+                     key=lambda e: e["relpath"])  # fmt: skip
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+
+
+def environment_record(stage: str, root: Path) -> Path:
+    return root / _interpolate("${paths.reports}", _params(root)) / "environment" / f"{stage}.json"
+
+
+def ledger_path(root: Path) -> Path:
+    return root / _interpolate("${paths.runs}", _params(root)) / LEDGER
+
+
+def record_run(stage: str, root: Path) -> dict[str, Any] | None:
+    """Append that `stage` ran here: each output's digest, its environment record's sha256, the time.
+    Nothing when an output is missing (a node that joined another's training writes none)."""
+    _, outs = declared(stage, root)
+    digests = {out: digest(root / out) for out in outs}
+    if any(d is None for d in digests.values()):
+        return None
+    env = environment_record(stage, root)
+    entry = {
+        "stage": stage,
+        "workspace": str(root.resolve()),  # a ledger copied or committed elsewhere vouches for nothing there
+        "outs": digests,
+        "environment_sha256": hashlib.sha256(env.read_bytes()).hexdigest() if env.is_file() else None,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "dvc_exp": os.environ.get("DVC_EXP_NAME") or None,
+    }
+    path = ledger_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:  # one write of one line: lines of two stages at once do not interleave
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    return entry
+
+
+def ledger(root: Path) -> list[dict[str, Any]]:
+    path = ledger_path(root)
+    if not path.is_file():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash: that run is not vouched for
+    return entries
+
+
+def _lock_digest(entry: dict[str, Any]) -> str:
+    return str(entry.get(entry.get("hash", "md5")) or entry.get("md5") or "")
+
+
+def recomputed(root: Path, lock: dict[str, Any]) -> dict[str, bool]:
+    """Per stage of `lock` (dvc.lock's stages): did a run of it in this workspace write the outputs the lock
+    records? A ledger line of that stage, written in this folder, must hold every output's hash as dvc.lock
+    has it. (That the files on disk are the lock's is DVC's own status, asked first.) A stage without outputs
+    counts as run."""
+    here = str(root.resolve())
+    entries = [e for e in ledger(root) if e.get("workspace") == here]
+    found = {}
+    for stage, spec in lock.items():
+        outs = {e["path"]: _lock_digest(e) for e in spec.get("outs") or []}
+        found[stage] = not outs or any(e.get("stage") == stage and e.get("outs") == outs for e in entries)
+    return found
