@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced push pull
+.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced reproduce push pull
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 # The pins are for Python 3.11: another Python is refused before a venv is made (pip would fail minutes later).
@@ -94,8 +94,17 @@ pull: setup
 
 # Does this checkout's last run reproduce the committed one? identical; the same environment but other
 # bytes (a bug, by stage and file); or another environment (named, with metric deltas, within tolerance).
+# Only outputs this workspace computed are judged (the run ledger, runs/ledger.jsonl): pulled, checked-out
+# or run-cache outputs are "not recomputed here", exit 1.
 check-reproduced: setup
 	$(BIN)/python scripts/lock_diff.py HEAD
+
+# Reproduce a committed run (REV, default HEAD) for real: a scratch git worktree of REV, only its inputs
+# (.dvc-tracked data, weights, baseline) from this cache or the DVC remote, every stage recomputed with the
+# run cache off, compared with REV's record. This workspace is not touched (scripts/reproduce.py).
+REV ?= HEAD
+reproduce: setup
+	$(BIN)/python scripts/reproduce.py "$(REV)"
 
 # Your ImageFolder as versioned data: NAME= copies it to data/raw/$(NAME), `dvc add`s it and points params.yaml's
 # data.source at it; INTO= merges new images into the existing data/raw/$(INTO) (duplicates skipped, conflicts

@@ -17,6 +17,11 @@ Before any of this, the workspace must hold the run its dvc.lock records: every 
 DVC's own status (`dvc status`; the environment stage's "always changed" aside). With nothing run (a
 fresh clone), or after a stage that failed or was interrupted, it names what is missing or stale and
 exits 1: two dvc.lock files alone say nothing about outputs that are not there.
+
+And only what this workspace computed is judged. The run ledger (tasks/core/provenance.py) says which
+stages' outputs on disk a run here wrote; outputs that `dvc pull`, DVC's run cache or a checkout put here
+are named "not recomputed here" and the answer is exit 1: with none recomputed, one line that says so and
+points at `make reproduce`, which recomputes a committed run in a scratch copy (scripts/reproduce.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
 
+from tasks.core import provenance  # noqa: E402
 from tasks.core.nested import flatten  # noqa: E402
 from tasks.core.private_api import dvc_stale_stages  # noqa: E402
 
@@ -245,6 +251,31 @@ def compare(rev: str) -> tuple[list[str], int]:
     return verdict(rev, old, new)
 
 
+def not_recomputed(root: Path = Path(".")) -> tuple[list[str], list[str]]:
+    """The stages whose outputs here no run in this workspace wrote (pulled, from the run cache, checked out),
+    and those that always run (the environment check, the gate), which vouch for no upstream output."""
+    stages = provenance.stages(root)
+    always = [name for name, spec in stages.items() if spec.get("always_changed")]
+    made_here = provenance.recomputed(root, yaml.safe_load((root / "dvc.lock").read_text())["stages"])
+    return [name for name, ok in made_here.items() if not ok and name not in always], always
+
+
+def judged_here(rev: str, lines: list[str], status: int, root: Path = Path(".")) -> tuple[list[str], int]:
+    """`compare`'s answer, kept only for what this workspace computed."""
+    missing, always = not_recomputed(root)
+    if not missing or status == 2:
+        return lines, status
+    substantive = [name for name in provenance.stages(root) if name not in always]
+    if len(missing) == len(substantive):
+        return [f"nothing reproduced: {len(missing)} stages' outputs came from the remote or the cache "
+                f"({', '.join(missing)}), none was computed here; run `make reproduce` (REV={rev}) to recompute "
+                "them"], 1  # fmt: skip
+    head = [f"not recomputed here: {name} (its outputs came from `dvc pull`, the run cache or a checkout)"
+            for name in missing]  # fmt: skip
+    return [*head, *lines, f"partly reproduced: {len(missing)} of {len(substantive)} stages were not computed "
+            f"here; run `make reproduce` (REV={rev}) to recompute every stage"], 1  # fmt: skip
+
+
 def main() -> int:
     rev = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
     refusal = workspace_refusal()
@@ -252,6 +283,10 @@ def main() -> int:
         print("\n".join(refusal))
         return 1
     lines, status = compare(rev)
+    try:
+        lines, status = judged_here(rev, lines, status)
+    except provenance.ProvenanceError as exc:
+        lines, status = [f"error: {exc}"], 2
     print("\n".join(lines), file=sys.stderr if status == 2 else sys.stdout)
     return status
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tasks.core.provenance import recomputed
 from tasks.training.precision import NATIVE_BF16_ENV, cpu_has_native_bf16
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import (
@@ -23,6 +27,8 @@ from tests.helpers.project import (
     sh,
     stale_stages,
 )
+
+PIPELINE_STAGES = tuple(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
 
 
 def lock_md5s(repo: Path) -> dict[str, str]:
@@ -175,6 +181,69 @@ def test_check_reproduced_refuses_a_workspace_that_does_not_hold_the_run(repo: P
     finally:
         model.write_bytes(saved)
     assert check_reproduced(repo).stdout.startswith("identical")
+
+
+def test_the_ledger_holds_what_dvc_recorded_and_a_pulled_clone_reproduced_nothing(repo: Path, tmp_path: Path) -> None:
+    """Each stage run here left a ledger line with the hashes dvc.lock has. A clone whose outputs came from the
+    cache, as `dvc pull` brings them, computed nothing: check-reproduced says so and exits 1, never "identical";
+    a stage recomputed there is judged and the others are named."""
+    committed_record(repo)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert all(recomputed(repo, lock).values()), (repo / "runs" / "ledger.jsonl").read_text()[-2000:]
+    clone = tmp_path / "clone"
+    sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
+    dvc("cache", "dir", "--local", str(repo / ".dvc" / "cache"), cwd=clone)
+    dvc("checkout", cwd=clone)
+    pulled = check_reproduced(clone)
+    assert pulled.returncode == 1 and "identical" not in pulled.stdout, pulled.stdout
+    assert pulled.stdout.startswith("nothing reproduced: 5 stages' outputs came from the remote or the cache"), (
+        pulled.stdout
+    )
+    assert "run `make reproduce`" in pulled.stdout and len(pulled.stdout.splitlines()) == 1
+    dvc("repro", "--force", "--no-run-cache", "--single-item", "evaluate", cwd=clone)
+    partly = check_reproduced(clone)
+    assert partly.returncode == 1, partly.stdout
+    assert "not recomputed here: train (its outputs came from" in partly.stdout
+    assert "not recomputed here: evaluate" not in partly.stdout and "partly reproduced: 4 of 5" in partly.stdout
+
+
+def test_make_reproduce_recomputes_every_stage_in_a_scratch_worktree(repo: Path) -> None:
+    """The committed run, recomputed from its inputs with the run cache off, in a worktree that is gone after;
+    this workspace's files, git status and worktrees are as they were."""
+    committed_record(repo)
+    before = {
+        p: p.read_bytes() for p in (repo / "dvc.lock", repo / "models" / "model.pt", repo / "runs" / "ledger.jsonl")
+    }
+    status = sh(["git", "status", "--porcelain"], cwd=repo).stdout
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/reproduce.py"), "HEAD"], cwd=repo, capture_output=True,
+                          text=True, env=env_with_venv())  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "every stage now runs from them: dvc repro --force --no-run-cache" in proc.stdout
+    assert set(ran_stages(proc.stdout)) == set(PIPELINE_STAGES), ran_stages(proc.stdout)
+    assert "identical: dvc.lock reproduces HEAD" in proc.stdout and "reproduce: took " in proc.stdout
+    assert {p: p.read_bytes() for p in before} == before
+    assert sh(["git", "status", "--porcelain"], cwd=repo).stdout == status
+    assert len(sh(["git", "worktree", "list"], cwd=repo).stdout.splitlines()) == 1
+
+
+def test_make_reproduce_interrupted_removes_its_worktree(repo: Path) -> None:
+    committed_record(repo)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts/reproduce.py"), "HEAD"], cwd=repo, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env_with_venv(),
+                            start_new_session=True)  # fmt: skip
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    scratch = Path(first.rsplit(", ", 1)[-1].strip())
+    while "every stage now runs" not in (line := proc.stdout.readline()):
+        assert line, "reproduce ended before running a stage"
+    time.sleep(2)  # inside `dvc repro`
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "interrupted; the scratch worktree is removed and nothing in this workspace changed" in err
+    assert not scratch.exists(), scratch
+    assert len(sh(["git", "worktree", "list"], cwd=repo).stdout.splitlines()) == 1
+    assert stale_stages(repo) == {}
 
 
 def head(repo: Path) -> str:

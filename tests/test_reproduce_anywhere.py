@@ -148,6 +148,17 @@ def test_a_second_machine_pulls_serves_checks_and_goes_back_in_time(tmp_path: Pa
     dvc("pull", cwd=two)
     status = dvc("status", cwd=two).stdout  # (a) nothing to run
     assert stale_stages(two) == {}, status
+    # Nothing was computed here: check-reproduced does not vouch for pulled outputs. make reproduce recomputes
+    # every stage from the inputs (pets, the baseline) in a scratch worktree and compares with the record.
+    pulled = make(two, "check-reproduced")
+    assert pulled.returncode != 0 and "identical" not in pulled.stdout, pulled.stdout
+    assert "nothing reproduced: 5 stages' outputs came from the remote or the cache" in pulled.stdout
+    recomputed = make(two, "reproduce")
+    assert recomputed.returncode == 0, recomputed.stdout[-3000:] + recomputed.stderr[-3000:]
+    assert "inputs: baseline/" in recomputed.stdout and "data/raw/pets" in recomputed.stdout, recomputed.stdout
+    assert {"generate", "preprocess", "train", "evaluate", "export"} <= set(ran_stages(recomputed.stdout))
+    assert "identical: dvc.lock reproduces HEAD" in recomputed.stdout, recomputed.stdout[-3000:]
+    assert sh(["git", "status", "--porcelain"], cwd=two).stdout == ""
 
     recorded = yaml.safe_load((two / "baseline" / "model.json").read_text())["onnx_sha256"]
     image = next((two / "data" / "raw" / "pets" / "class_1").glob("*.png")).read_bytes()
