@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
-from scipy.stats import binomtest
 
 from tasks.core.params import Rule
 from tasks.release.parity import Check
@@ -194,6 +193,8 @@ def mcnemar_p(losses: int, gains: int, *, two_sided: bool = False) -> float:
     on these images disagree at least this much against the candidate (two-sided: in either direction)."""
     if losses + gains == 0:
         return 1.0
+    from scipy.stats import binomtest  # here: importing scipy.stats costs half a second of every no-op repro
+
     alternative = "two-sided" if two_sided else "greater"
     return float(binomtest(losses, losses + gains, 0.5, alternative=alternative).pvalue)
 
