@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,33 @@ def test_with_a_real_worker_an_override_is_refused_and_a_normal_run_completes(pr
     assert "command" in _pool(production, "local-process").base_job_template["variables"]["properties"]
     production.script("pool")
     assert _pool(production, "local-process").base_job_template == TEMPLATE
+
+
+@pytest.mark.slow  # about 60 s: a server, the project's pools and deployments, a worker
+def test_an_api_client_can_create_a_deployment_whose_pull_steps_run_a_command_on_the_worker(
+    production: Production,
+) -> None:
+    """The boundary docs/trust.md states: the base job template stops a flow run from changing the command,
+    but whoever can use the API can create a deployment on the project's pool, and its pull steps run in the
+    flow run's process on the worker before any flow code loads (prefect/flows.py load_flow_from_flow_run ->
+    run_steps). The project's flows cannot refuse it, because they never start. This test holds that statement
+    true: if Prefect or the template ever closes the door, it fails and trust.md must be rewritten."""
+    from prefect.client.orchestration import get_client
+
+    from flows.regression_flow import regression_flow
+
+    marker = production.repo.parent / "ran-on-the-worker"
+    with production.client(), get_client(sync_client=True) as client:
+        flow_id = client.create_flow(regression_flow)
+        deployment = client.create_deployment(
+            flow_id=flow_id, name="not-the-projects", work_pool_name="local-process",
+            entrypoint="flows/regression_flow.py:regression_flow",
+            pull_steps=[{"prefect.deployments.steps.run_shell_script": {"script": f"touch {marker}"}}],
+        )  # fmt: skip
+        run = client.create_flow_run_from_deployment(deployment)
+        deadline = time.time() + 180
+        while not client.read_flow_run(run.id).state.is_final() and time.time() < deadline:
+            time.sleep(2)
+        final = client.read_flow_run(run.id).state
+    assert final.is_final(), final
+    assert marker.exists(), f"the pull step did not run on the worker; the run ended {final.name}: {final.message}"
