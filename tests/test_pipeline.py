@@ -142,12 +142,13 @@ def test_check_reproduced_names_another_environment(repo: Path, tmp_path: Path) 
 
     # A clone whose CPU says it is the other kind: precision auto resolves the other way, so train reruns there
     # (its environment record is a dep) and check-reproduced names why the bytes differ. The clone shares the
-    # repo's DVC cache, as `dvc pull` would fill it: what the forced run above made comes from the run cache.
+    # repo's DVC cache, as `dvc pull` would fill it; it recomputes every stage (run cache off), since
+    # check-reproduced judges only what the workspace computed.
     clone = tmp_path / "clone"
     sh(["git", "clone", "-q", str(repo), str(clone)], cwd=tmp_path)
     dvc("cache", "dir", "--local", str(repo / ".dvc" / "cache"), cwd=clone)
-    proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=clone, capture_output=True, text=True,
-                          env={**env_with_venv(), NATIVE_BF16_ENV: told})  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro", "--force", "--no-run-cache"], cwd=clone,
+                          capture_output=True, text=True, env={**env_with_venv(), NATIVE_BF16_ENV: told})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((clone / "reports/environment/train.json").read_text())["precision"] == there
     assert json.loads((clone / "reports/train_run.json").read_text())["precision"] == there
