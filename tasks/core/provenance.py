@@ -95,7 +95,9 @@ def loaded_files(root: Path) -> list[str]:
     """Every file under root/tasks that this process has imported, relative to root."""
     package = (root / PACKAGE).resolve()
     found = set()
-    for module in list(sys.modules.values()):
+    for name, module in list(sys.modules.items()):
+        if name != "__main__" and name.partition(".")[0] != PACKAGE:
+            continue  # the project's modules are `tasks.*`, and `python -m tasks.<stage>` runs as __main__
         file = getattr(module, "__file__", None)
         if not file:
             continue
@@ -137,7 +139,11 @@ def stage_code(stage: str, root: Path) -> dict[str, str]:
     """The code `stage` runs: loaded project files that its deps cover -> md5. In a stage process that is all
     it loaded (stage_main refuses more); a test process that loaded other code leaves the rest out."""
     deps, _ = declared(stage, root)
-    return {f: md5 for f, md5 in loaded_code(root).items() if any(f == d or f.startswith(d + "/") for d in deps)}
+    code = loaded_code(root)
+    main = f"{PACKAGE}/{stage}.py"  # the stage's own module, also when a profiler or runner ran it as another name
+    if (root / main).is_file():
+        code.setdefault(main, md5_file(root / main))
+    return {f: md5 for f, md5 in sorted(code.items()) if any(f == d or f.startswith(d + "/") for d in deps)}
 
 
 def digest(path: Path) -> str | None:
