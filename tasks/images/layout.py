@@ -3,10 +3,14 @@
 Two layouts are recognised, by the names of data.source's top-level folders:
 - class folders, `root/<class>/<image>` (torchvision's ImageFolder): val and test are split off by content hash,
   or test is `data.test_source` when that is set;
-- split folders, `root/<split>/<class>/<image>` with splits `train`, `val` (or `valid`, `validation`) and `test`,
-  in any case (how ImageNet, Kaggle and Ultralytics' classify datasets ship): each folder is its split, a
-  missing val or test is split off train by content hash as for class folders.
-A folder that mixes split names with other names is refused: its meaning cannot be guessed.
+- split folders, `root/<split>/<class>/<image>`, in any case, with the split names public datasets use
+  (SPLIT_NAMES: train, training, training_set, seg_train; val, valid, validation; test, testing, test_set,
+  seg_test): each folder is its split, a missing val or test is split off train by content hash.
+A wrapper, a folder that holds exactly one folder and no images of its own, is descended into, at the top
+(`dataset/train ...`) and inside a split folder (Kaggle's `training_set/training_set/<class>`), and named.
+Beside split folders, a folder of images with no class folders (Intel scenes' `seg_pred`) is unlabelled:
+ignored, with one warning. Anything else that mixes split names with other names is refused, and so are
+would-be class folders that all hold only folders (the model would learn which folder an image came from).
 """
 
 from __future__ import annotations
@@ -18,11 +22,16 @@ from typing import Any
 
 from tasks.core.errors import StageError
 from tasks.core.params import DataParams
+from tasks.images.imaging import is_image_name
 from tasks.images.validation import SOURCE, TEST_SOURCE, VAL_SOURCE, class_folders, fixed_test_folder
 
 log = logging.getLogger(__name__)
 
-SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
+SPLIT_NAMES = {
+    **dict.fromkeys(("train", "training", "training_set", "seg_train"), "train"),
+    **dict.fromkeys(("val", "valid", "validation"), "val"),
+    **dict.fromkeys(("test", "testing", "test_set", "seg_test"), "test"),
+}
 ROLE_OF_SPLIT = {"train": SOURCE, "val": VAL_SOURCE, "test": TEST_SOURCE}
 EXPECTED = "root/<class>/<image>, or root/<split>/<class>/<image> with split folders train, val and test"
 
@@ -35,6 +44,8 @@ class Layout:
     class_names: tuple[str, ...]
     why: str
     missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (split, classes with no folder there)
+    wrappers: tuple[str, ...] = ()  # folders descended into (each held one folder and no images), under source
+    unlabelled: tuple[str, ...] = ()  # folders of images without class folders beside the splits: ignored
 
     @property
     def fixed(self) -> frozenset[str]:
@@ -54,29 +65,71 @@ class Layout:
 
     def to_json(self) -> dict[str, Any]:
         """For the manifest: no machine's path in it (the same data gives the same bytes in any checkout)."""
-        return {
+        found = {
             "kind": self.kind,
             "why": self.why,
             "folders": {role: self._relative(folder) for role, folder in self.roots},
             "missing": {split: list(names) for split, names in self.missing},
         }
+        found.update({key: list(value) for key, value in (("wrappers", self.wrappers), ("unlabelled", self.unlabelled))
+                      if value})  # fmt: skip
+        return found
 
     def _relative(self, folder: Path) -> str:
         if folder == self.source:
             return "data.source"
-        if folder.parent == self.source:
-            return f"data.source/{folder.name}"
+        if folder.is_relative_to(self.source):
+            return f"data.source/{folder.relative_to(self.source).as_posix()}"
         return "data.test_source"
 
 
-def split_folders(root: Path, *, what: str) -> dict[str, Path] | None:
-    """{split: folder} when root's top-level folders are split names, None when none is; a mix is refused."""
+def _folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _has_images(folder: Path) -> bool:
+    """Does `folder` hold an image file of its own (not in a subfolder)? Stops at the first."""
+    return any(p.is_file() and is_image_name(p.name) for p in folder.iterdir())
+
+
+def unwrap(folder: Path, descended: list[Path], *, top: bool = False, loose: bool = False) -> Path:
+    """Below every wrapper: while `folder` holds exactly one folder and no images, go down; each step is added
+    to `descended`. It stops above a folder of images (a class folder, unless `loose`: looking for loose
+    images) and, at the `top`, above a lone split folder (root/train/<class> is a split, not a wrapper)."""
+    while True:
+        inner = _folders(folder)
+        if len(inner) != 1 or _has_images(folder):
+            return folder
+        if (top and inner[0].name.lower() in SPLIT_NAMES) or (not loose and _has_images(inner[0])):
+            return folder
+        descended.append(inner[0])
+        folder = inner[0]
+
+
+def _refuse_folder_classes(root: Path, names: tuple[str, ...], *, what: str) -> None:
+    """Would-be class folders that all hold only folders are splits or wrappers under other names, not classes."""
+    if names and not any(_has_images(root / name) for name in names):
+        raise StageError(f"{what} {root}: its folders {', '.join(names)} hold only folders, no images of their own: "
+                         "they look like splits or wrappers, not classes, and a model would learn which folder an "
+                         f"image came from; point {what} at the folder that holds the class folders, or name the "
+                         "splits train, val and test")  # fmt: skip
+
+
+def split_folders(root: Path, *, what: str, unlabelled: list[Path] | None = None) -> dict[str, Path] | None:
+    """{split: folder} when root's top-level folders are split names, None when none is. Beside them, a folder of
+    images without class folders (below any wrapper) is added to `unlabelled`; any other mix is refused."""
     class_folders(root, what=what)  # the path errors (missing, a file, '~') first, each named
     names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     splits = [name for name in names if name.lower() in SPLIT_NAMES]
     if not splits:
         return None
-    others = [name for name in names if name.lower() not in SPLIT_NAMES]
+    others = []
+    for name in (name for name in names if name.lower() not in SPLIT_NAMES):
+        inner = unwrap(root / name, [], loose=True)
+        if _has_images(inner) and not _folders(inner) and unlabelled is not None:
+            unlabelled.append(root / name)
+        else:
+            others.append(name)
     if others:
         raise StageError(
             f"{what} {root}: its folders mix split names ({', '.join(splits)}) with other names "
@@ -98,19 +151,27 @@ def read_layout(source: Path, test_source: Path | None = None, *, what: str = "d
     """The roots and classes of `source` (and of the fixed test folder `test_source`, if any); every way the
     folders can be unreadable as a layout is one StageError naming the folder and what was expected."""
     source = Path(source)
-    splits = split_folders(source, what=what)
+    class_folders(source, what=what)  # the path errors (missing, a file, '~') first, each named
+    descended: list[Path] = []
+    unlabelled: list[Path] = []
+    top = unwrap(source, descended, top=True)
+    splits = split_folders(top, what=what, unlabelled=unlabelled)
     if splits is None:
-        class_names = class_folders(source, what=what, at_least=2)
-        roots: list[tuple[str, Path]] = [(SOURCE, source)]
+        class_names = class_folders(top, what=what, at_least=2)
+        _refuse_folder_classes(top, class_names, what=what)
+        roots: list[tuple[str, Path]] = [(SOURCE, top)]
         why = f"its top-level folders {_few(class_names)} are not split names, so they are the classes"
         per_split = {"train": class_names}
     else:
-        per_split = {
-            split: class_folders(folder, what=f"{what} {split} folder", at_least=1) for split, folder in splits.items()
-        }
+        splits = {split: unwrap(splits[split], descended) for split in ("train", "val", "test") if split in splits}
+        per_split = {}
+        for split, folder in splits.items():
+            per_split[split] = class_folders(folder, what=f"{what} {split} folder", at_least=1)
+            _refuse_folder_classes(folder, per_split[split], what=f"{what} {split} folder")
         class_names = tuple(sorted(set().union(*per_split.values())))
         roots = [(ROLE_OF_SPLIT[split], splits[split]) for split in ("train", "val", "test") if split in splits]
-        named = ", ".join(f"{splits[split].name} ({split})" for split in ("train", "val", "test") if split in splits)
+        named = ", ".join(f"{_under(splits[split], source)} ({split})" for split in ("train", "val", "test")
+                          if split in splits)  # fmt: skip
         why = f"its top-level folders are split names: {named}, each holding class folders"
         if len(class_names) < 2:
             raise StageError(f"{what} {source}: its split folders hold {len(class_names)} class folder(s) "
@@ -135,7 +196,20 @@ def read_layout(source: Path, test_source: Path | None = None, *, what: str = "d
         if split in per_split and set(class_names) - set(per_split[split])
     )
     kind = "class folders" if splits is None else "split folders"
-    return Layout(kind, source, tuple(roots), class_names, why, missing)
+    wrappers = tuple(_under(folder, source) for folder in descended)
+    if wrappers:
+        why += f"; descended into {', '.join(wrappers)} (a folder holding one folder and no images)"
+        log.info("%s %s: descended into %s: each held one folder and no images", what, source, ", ".join(wrappers))
+    ignored = tuple(_under(folder, source) for folder in unlabelled)
+    if ignored:
+        why += f"; ignored {', '.join(ignored)}: images without class folders (unlabelled)"
+        log.warning("%s %s: ignored %s beside the split folders: images without class folders, so without labels",
+                    what, source, ", ".join(ignored))  # fmt: skip
+    return Layout(kind, source, tuple(roots), class_names, why, missing, wrappers, ignored)
+
+
+def _under(folder: Path, source: Path) -> str:
+    return folder.relative_to(source).as_posix() if folder.is_relative_to(source) else str(folder)
 
 
 def _few(names: tuple[str, ...], shown: int = 4) -> str:

@@ -167,3 +167,73 @@ def test_add_data_accepts_split_folders(tmp_path: Path, monkeypatch: pytest.Monk
     assert sorted(p.name for p in dest.iterdir()) == ["test", "train", "val"]
     assert read_layout(dest).kind == "split folders"
     assert "source: data/raw/kaggle" in (tmp_path / "params.yaml").read_text()
+
+
+def _pngs(folder: Path, count: int) -> None:
+    """Loose images with no class folder: an unlabelled folder (Intel scenes' seg_pred)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i in range(count):
+        Image.new("RGB", (20, 20), (i * 40, 10, 10)).save(folder / f"{i}.png")
+
+
+@pytest.mark.parametrize(
+    ("build", "roots", "wrappers", "unlabelled"),
+    [
+        (  # the Kaggle brain-MRI layout
+            lambda r: split_folder(r, {"Training": "train", "Testing": "test"}),
+            {"source": "data.source/Training", "test_source": "data.source/Testing"}, None, None,
+        ),
+        (  # cats and dogs: each split folder wraps a folder of the same name
+            lambda r: split_folder(r, {"training_set/training_set": "train", "test_set/test_set": "test"}),
+            {"source": "data.source/training_set/training_set", "test_source": "data.source/test_set/test_set"},
+            ["training_set/training_set", "test_set/test_set"], None,
+        ),
+        (  # Intel scenes: wrapped splits and an unlabelled seg_pred/seg_pred of loose images
+            lambda r: (split_folder(r, {"seg_train/seg_train": "train", "seg_test/seg_test": "test"}),
+                       _pngs(r / "seg_pred" / "seg_pred", 4), r)[-1],
+            {"source": "data.source/seg_train/seg_train", "test_source": "data.source/seg_test/seg_test"},
+            ["seg_train/seg_train", "seg_test/seg_test"], ["seg_pred"],
+        ),
+        (  # one dataset/ folder above train/ val/ test/
+            lambda r: split_folder(r, {"dataset/train": "train", "dataset/val": "val", "dataset/test": "test"}),
+            {"source": "data.source/dataset/train", "val_source": "data.source/dataset/val",
+             "test_source": "data.source/dataset/test"},
+            ["dataset"], None,
+        ),
+    ],
+    ids=["Training-Testing", "training_set-test_set", "seg_train-seg_test-seg_pred", "dataset-wrapper"],
+)  # fmt: skip
+def test_the_layouts_public_datasets_ship_are_read_as_splits_with_the_true_classes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, build, roots, wrappers, unlabelled
+) -> None:
+    source = build(tmp_path / "data")
+    caplog.set_level(logging.INFO)
+    result = preprocess.run(PARAMS, seed=1, source=source, out_dir=tmp_path / "shards")
+    assert result.class_names == ("class_0", "class_1", "class_2")  # never the folders' names
+    layout = read_json(tmp_path / "shards" / "manifest.json")["layout"]
+    assert layout["kind"] == "split folders" and layout["folders"] == roots
+    assert layout.get("wrappers") == wrappers and layout.get("unlabelled") == unlabelled
+    if wrappers:
+        assert f"descended into {', '.join(wrappers)}" in layout["why"] and "descended into" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "ignored" in r.getMessage()]
+    assert len(warnings) == (1 if unlabelled else 0), warnings
+    if unlabelled:
+        assert "ignored seg_pred beside the split folders: images without class folders" in warnings[0]
+
+
+def test_class_folders_that_all_hold_only_folders_are_refused_naming_them(tmp_path: Path) -> None:
+    """Folders of folders are splits or wrappers under names nobody listed, never classes named after folders."""
+    source = tmp_path / "data"
+    make_imagefolder(source / "part_a", classes=2, per_class=4, seed=1)
+    make_imagefolder(source / "part_b", classes=2, per_class=4, seed=2)
+    expected = (
+        r"its folders part_a, part_b hold only folders, no images of their own: they look like splits or wrappers"
+    )
+    with pytest.raises(StageError, match=expected):
+        preprocess.run(PARAMS, seed=1, source=source, out_dir=tmp_path / "shards")
+    assert not (tmp_path / "shards").exists()
+    with pytest.raises(StageError, match=r"train folder .* hold only folders"):  # inside a split folder too
+        wrapped = split_folder(tmp_path / "split", {"train/a": "t", "train/b": "t", "test/a": "t"})
+        preprocess.run(PARAMS, seed=1, source=wrapped, out_dir=tmp_path / "shards")
