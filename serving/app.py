@@ -32,6 +32,7 @@ from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware, set_re
 from serving.monitoring import Metrics, ReviewFolder, log, log_drift
 from serving.schema import BatchResponse, ErrorBody, ModelInfo, PredictResponse
 from serving.uploads import PREDICT_BODY, upload_of
+from tasks.core.environment import usable_cores
 from tasks.core.params import Params, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
 from tasks.release.drift import DriftThresholds, DriftWindow, Reference
@@ -201,7 +202,7 @@ def stream_count(serve: ServeParams) -> int:
     """serve.streams, or when 0 one stream per core left to each worker's threads (at least one)."""
     if serve.streams:
         return serve.streams
-    return max(1, len(os.sched_getaffinity(0)) // (serve.workers * serve.threads))
+    return max(1, usable_cores() // (serve.workers * serve.threads))
 
 
 async def infer(batcher: Batcher, items: list[tuple[str, bytes]]) -> list[dict[str, Any]]:

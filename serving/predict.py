@@ -8,10 +8,16 @@ onnxruntime in batches. Every file under a folder is a row, in path order (hidde
     path,label,probability,topk,error
 
 `topk` is JSON, `[{"label": ..., "probability": ...}, ...]`, most likely first (`serve.top_k` of them). A
-file that cannot be classified (truncated, not an image, a decompression bomb, unreadable) has an empty label
-and its reason in `error`, and the run goes on. The CSV is written beside OUT and renamed in at the end, so an
-interrupted run leaves no half file under OUT's name. Exit 0 when at least one image was classified, 1 with
-one line when none could be, 2 for a bad SRC, OUT or model.
+file that cannot be classified (truncated, not an image, a decompression bomb, unreadable, not a regular file:
+a FIFO, a socket, a device, which are never opened) has an empty label and its reason in `error`, and the run
+goes on. The CSV is written beside OUT and renamed in at the end, so an interrupted run leaves no half file
+under OUT's name. Exit status (EXIT), each with its line on stderr:
+
+    0  every file classified
+    3  some files not classified: the last line counts them, by reason
+    1  none classified
+    2  bad arguments: SRC, OUT or the model, nothing written
+    4  an internal error: its traceback, then one line that says so
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ import argparse
 import csv
 import json
 import os
+import stat
 import sys
 import time
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -33,6 +41,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from tasks.core.environment import usable_cores
 from tasks.core.params import ParamsError, Paths, ServeParams, load_params
 from tasks.images.imaging import ImageError, load_array
 from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel, ranked, softmax
@@ -45,6 +54,9 @@ from tasks.release.production import (
 )
 
 HEADER = ("path", "label", "probability", "topk", "error")
+EXIT = {"all": 0, "none": 1, "bad arguments": 2, "some": 3, "internal error": 4}
+KINDS = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISCHR: "a character device",
+         stat.S_ISBLK: "a block device"}  # fmt: skip
 BATCH = 64  # images per onnxruntime call; decoding of a batch runs on a thread per core
 
 
@@ -66,6 +78,8 @@ def files_of(src: Path) -> list[Path]:
         raise PredictError(f"SRC {src}: no such file or folder")
     if src.is_file():
         return [src]
+    if not src.is_dir():
+        raise PredictError(f"SRC {src}: {_kind(src.stat().st_mode)}, not an image file or a folder")
     found = []
     for folder, dirs, names in os.walk(src, followlinks=True):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -96,9 +110,17 @@ def load_model(model: Path | None, paths: Paths, threads: int) -> tuple[OnnxMode
         raise PredictError(str(exc).splitlines()[0]) from None
 
 
+def _kind(mode: int) -> str:
+    return next((name for test, name in KINDS.items() if test(mode)), "not a regular file")
+
+
 def _decode(path: Path, model: OnnxModel, serve: ServeParams) -> np.ndarray | str:
-    """uint8 (3, S, S) exactly as the server decodes an upload, or the reason this file cannot be."""
+    """uint8 (3, S, S) exactly as the server decodes an upload, or the reason this file cannot be. Only a regular
+    file is opened: reading a FIFO would wait for a writer forever."""
     try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            return f"not_a_file: {_kind(mode)}, never opened"
         size = path.stat().st_size
         if size > serve.max_body_bytes:  # the server's limit on one upload: never read a huge file whole
             return f"too_large: {size} bytes > serve.max_body_bytes {serve.max_body_bytes}"
@@ -136,7 +158,7 @@ def run(
         raise PredictError(f"OUT {out}: its folder {out.parent} does not exist")
     if out.is_dir():
         raise PredictError(f"OUT {out}: a folder; name the CSV file to write")
-    workers = len(os.sched_getaffinity(0))
+    workers = usable_cores()
     onnx, which = load_model(model, paths, threads=0)
     print(f"[predict] {len(files)} file(s) from {src} with {which}", file=sys.stderr)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -160,9 +182,21 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except Exception as exc:  # a bug, not a bad input: its own status, so a script can tell it from "none classified"
+        traceback.print_exc()
+        print(f"[predict] internal error: {type(exc).__name__}: {exc} (exit {EXIT['internal error']}); the traceback "
+              "above says where; please report it", file=sys.stderr)  # fmt: skip
+        return EXIT["internal error"]
+
+
+def _main(argv: list[str] | None) -> int:
     # serve.max_pixels is checked from each header before decoding; Pillow's own warning would only repeat it.
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-    parser = argparse.ArgumentParser(prog="python -m serving.predict", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m serving.predict", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="exit status:\n" + __doc__.rsplit("\n\n", 1)[-1])  # fmt: skip
     parser.add_argument("src", type=Path, help="an image file, or a folder of them (searched recursively)")
     parser.add_argument("--out", type=Path, default=Path("predictions.csv"), help="the CSV to write")
     parser.add_argument("--model", type=Path, default=None, help="an ONNX file (default: what make serve serves)")
@@ -172,16 +206,21 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(args.src, args.out, model=args.model, paths=params.paths, serve=params.serve)
     except (PredictError, ParamsError) as exc:
         print(f"[predict] error: {'; '.join(line.strip() for line in str(exc).splitlines())}", file=sys.stderr)
-        return 2
+        return EXIT["bad arguments"]
     rate = outcome.rows / outcome.seconds if outcome.seconds > 0 else float("inf")
     failed = ", ".join(f"{n} {reason}" for reason, n in outcome.errors.most_common())
-    print(f"[predict] {outcome.classified} of {outcome.rows} classified ({rate:.0f} img/s)"
-          f"{f'; not classified: {failed}' if failed else ''} -> {args.out}", file=sys.stderr)  # fmt: skip
+    print(f"[predict] {outcome.classified} of {outcome.rows} classified ({rate:.0f} img/s) -> {args.out}",
+          file=sys.stderr)  # fmt: skip
     if outcome.classified == 0:
         print(f"[predict] error: none of the {outcome.rows} file(s) in {args.src} could be classified "
               f"({failed}); each row of {args.out} says why", file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+        return EXIT["none"]
+    if outcome.errors:
+        missed = outcome.rows - outcome.classified
+        print(f"[predict] {missed} of {outcome.rows} file(s) not classified ({failed}; exit {EXIT['some']}); each "
+              f"row of {args.out} says why", file=sys.stderr)  # fmt: skip
+        return EXIT["some"]
+    return EXIT["all"]
 
 
 if __name__ == "__main__":

@@ -51,14 +51,17 @@ def test_a_folder_gives_one_row_per_file_bad_files_included(project: Path, workd
     (folder / "cut.jpg").write_bytes(images[0].read_bytes()[:200] if images[0].suffix == ".jpg" else b"\xff\xd8\xff")
     Image.new("L", (1500, 1500)).save(folder / "bomb.png")  # 2.25 Mpx > SERVE.max_pixels 1 Mpx, 7 KB on disk
     (folder / ".DS_Store").write_bytes(b"hidden")
+    os.mkfifo(folder / "pipe.png")  # read, it would wait for a writer forever
 
     done = predict(workdir, "inbox", "--out", "out.csv")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # some files not classified
     rows = rows_of(workdir / "out.csv")
-    files = sorted(str(p.relative_to(workdir)) for p in folder.rglob("*") if p.is_file() and p.name != ".DS_Store")
+    files = sorted(str(p.relative_to(workdir)) for p in folder.rglob("*") if p.name != ".DS_Store" and not p.is_dir())
     assert [row["path"] for row in rows] == files  # one row per file, in path order, the hidden one aside
     errors = {Path(row["path"]).name: row["error"].split(":")[0] for row in rows if row["error"]}
-    assert errors == {"notes.txt": "not_an_image", "cut.jpg": "truncated", "bomb.png": "decompression_bomb"}
+    assert errors == {"notes.txt": "not_an_image", "cut.jpg": "truncated", "bomb.png": "decompression_bomb",
+                      "pipe.png": "not_a_file"}  # fmt: skip
+    assert next(row["error"] for row in rows if row["path"].endswith("pipe.png")) == "not_a_file: a FIFO, never opened"
     assert all(row["label"] == "" == row["probability"] for row in rows if row["error"])
 
     model = OnnxModel.load(project / "models" / "model.onnx")  # the same file, scored in this (training) venv
@@ -68,8 +71,17 @@ def test_a_folder_gives_one_row_per_file_bad_files_included(project: Path, workd
         assert [entry["label"] for entry in topk] == [p.label for p in expected]
         assert row["label"] == expected[0].label
         assert float(row["probability"]) == pytest.approx(expected[0].probability, abs=1e-5)
-    assert "20 of 23 classified" in done.stderr
-    assert "1 not_an_image" in done.stderr and "1 decompression_bomb" in done.stderr
+    assert "20 of 24 classified" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "[predict] 4 of 24 file(s) not classified (1 decompression_bomb, 1 truncated, 1 not_an_image, 1 not_a_file; "
+        "exit 3); each row of out.csv says why"
+    ), done.stderr
+    good = workdir / "good"
+    good.mkdir()
+    for image in images[:3]:
+        shutil.copy(image, good / image.name)
+    every = predict(workdir, "good", "--out", "good.csv")
+    assert every.returncode == 0 and "3 of 3 classified" in every.stderr, every.stderr
 
 
 def test_none_classified_exits_1_in_one_line_and_still_writes_the_rows(workdir: Path) -> None:
@@ -93,6 +105,8 @@ def test_bad_src_out_or_model_are_one_line_and_write_nothing(project: Path, work
         (str(image), "--out", "no/such/dir/out.csv"): "OUT no/such/dir/out.csv: its folder no/such/dir does not exist",
         (str(image), "--model", "nope.onnx"): "MODEL nope.onnx: no such file",
     }
+    os.mkfifo(workdir / "fifo")
+    cases[("fifo",)] = "SRC fifo: a FIFO, not an image file or a folder"
     for args, expected in cases.items():
         done = predict(workdir, *args)
         assert done.returncode == 2, done.stderr
@@ -108,3 +122,22 @@ def test_bad_src_out_or_model_are_one_line_and_write_nothing(project: Path, work
     done = predict(workdir, str(image))
     assert done.returncode == 2 and "sha256" in done.stderr.splitlines()[-1], done.stderr
     assert not list(workdir.glob("*.csv")) and not list(workdir.glob(".*.tmp-*"))
+
+
+def test_an_internal_error_has_its_own_exit_status(
+    monkeypatch: pytest.MonkeyPatch, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bug is exit 4 with its traceback and one line, never exit 1, which means "none classified"."""
+    import serving.predict as predict_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(predict_module, "run", broken)
+    monkeypatch.chdir(workdir)
+    assert predict_module.main(["inbox"]) == predict_module.EXIT["internal error"] == 4
+    said = capsys.readouterr().err
+    assert "Traceback" in said and said.strip().splitlines()[-1].startswith(
+        "[predict] internal error: RuntimeError: a bug (exit 4)"
+    )
+    assert predict_module.EXIT == {"all": 0, "none": 1, "bad arguments": 2, "some": 3, "internal error": 4}
