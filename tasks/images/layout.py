@@ -108,7 +108,7 @@ def unwrap(folder: Path, descended: list[Path], *, top: bool = False, loose: boo
 
 def _refuse_folder_classes(root: Path, names: tuple[str, ...], *, what: str) -> None:
     """Would-be class folders that all hold only folders are splits or wrappers under other names, not classes."""
-    if names and not any(_has_images(root / name) for name in names):
+    if names and all(_folders(root / name) and not _has_images(root / name) for name in names):
         raise StageError(f"{what} {root}: its folders {', '.join(names)} hold only folders, no images of their own: "
                          "they look like splits or wrappers, not classes, and a model would learn which folder an "
                          f"image came from; point {what} at the folder that holds the class folders, or name the "
