@@ -60,13 +60,8 @@ JUDGED: dict[str, dict[str, float]] = {
 VERDICT = "reports/gate.json"
 
 
-def _digest(entry: dict[str, Any]) -> str:
-    """An entry's content hash. DVC 3 writes `hash: md5` (the algorithm's name) beside `md5: <digest>`."""
-    return str(entry.get(entry.get("hash", "md5")) or entry.get("md5") or entry.get("etag") or "")
-
-
 def _by_path(entries: list[dict[str, Any]] | None) -> dict[str, str]:
-    return {e["path"]: _digest(e) for e in entries or []}
+    return {e["path"]: provenance.lock_digest(e) for e in entries or []}
 
 
 def _changed(a: dict[str, str], b: dict[str, str]) -> list[str]:

@@ -12,7 +12,7 @@ import yaml
 
 from flows.dag import layers, load_stages, upstream
 from tasks.core.params import Params, load_params
-from tasks.core.provenance import digest
+from tasks.core.provenance import covered, digest
 from tests.helpers.project import ROOT
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
@@ -93,7 +93,7 @@ def test_code_deps_are_listed(name: str) -> None:
     (The stage itself checks what it loaded at run time: tasks/core/provenance.py.)"""
     code = {module_file(m) for m in tasks_imports(f"tasks.{name}") | {f"tasks.{name}"}} | {"tasks/__init__.py"}
     listed = {d for d in STAGES[name].deps if d.startswith("tasks/")}
-    uncovered = {f for f in code if not any(f == d or f.startswith(d + "/") for d in listed)}
+    uncovered = {f for f in code if not covered(f, listed)}
     assert not uncovered, f"dvc.yaml stage {name} does not list {sorted(uncovered)}"
     assert all((ROOT / d).exists() for d in listed), f"{name}: a listed code dep does not exist"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.core.provenance import lock_digest
 from tests.helpers.project import ROOT, commit, make_project
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -40,8 +41,8 @@ def lock(train_env: str = "e1", model: str = "x", metrics: str = "m", lr: float 
 
 
 def test_the_digest_is_the_md5_not_the_name_of_the_algorithm() -> None:
-    assert lock_diff._digest({"path": "a", "hash": "md5", "md5": "abc"}) == "abc"
-    assert lock_diff._digest({"path": "a", "md5": "abc"}) == "abc"  # DVC 2's lock
+    assert lock_digest({"path": "a", "hash": "md5", "md5": "abc"}) == "abc"
+    assert lock_digest({"path": "a", "md5": "abc"}) == "abc"  # DVC 2's lock
     old, new = lock(), lock(model="y")
     assert lock_diff.classify(old, new)["train"]["outs"] == ["model.pt"]  # not equal because both say "md5"
 

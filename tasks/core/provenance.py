@@ -28,7 +28,6 @@ import yaml
 
 PACKAGE = "tasks"
 LEDGER = "ledger.jsonl"
-ALWAYS = "always changed"  # what `recomputed` says of a stage with no outputs to compare
 
 
 class ProvenanceError(ValueError):
@@ -107,10 +106,15 @@ def loaded_files(root: Path) -> list[str]:
     return sorted(found)
 
 
+def covered(file: str, deps: Iterable[str]) -> bool:
+    """Is `file` one of `deps`, or under a folder among them?"""
+    return any(file == d or file.startswith(d + "/") for d in deps)
+
+
 def undeclared_code(stage: str, root: Path) -> list[str]:
     """Loaded project files that no dep of `stage` covers (the dep itself, or a folder above it)."""
     deps, _ = declared(stage, root)
-    return [f for f in loaded_files(root) if not any(f == d or f.startswith(d + "/") for d in deps)]
+    return [f for f in loaded_files(root) if not covered(f, deps)]
 
 
 def undeclared_refusal(stage: str, root: Path, when: str) -> str | None:
@@ -143,7 +147,7 @@ def stage_code(stage: str, root: Path) -> dict[str, str]:
     main = f"{PACKAGE}/{stage}.py"  # the stage's own module, also when a profiler or runner ran it as another name
     if (root / main).is_file():
         code.setdefault(main, md5_file(root / main))
-    return {f: md5 for f, md5 in sorted(code.items()) if any(f == d or f.startswith(d + "/") for d in deps)}
+    return {f: md5 for f, md5 in sorted(code.items()) if covered(f, deps)}
 
 
 def digest(path: Path) -> str | None:
@@ -203,8 +207,9 @@ def ledger(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
-def _lock_digest(entry: dict[str, Any]) -> str:
-    return str(entry.get(entry.get("hash", "md5")) or entry.get("md5") or "")
+def lock_digest(entry: dict[str, Any]) -> str:
+    """A dvc.lock entry's content hash. DVC 3 writes `hash: md5` (the algorithm's name) beside `md5: <digest>`."""
+    return str(entry.get(entry.get("hash", "md5")) or entry.get("md5") or entry.get("etag") or "")
 
 
 def recomputed(root: Path, lock: dict[str, Any]) -> dict[str, bool]:
@@ -216,6 +221,6 @@ def recomputed(root: Path, lock: dict[str, Any]) -> dict[str, bool]:
     entries = [e for e in ledger(root) if e.get("workspace") == here]
     found = {}
     for stage, spec in lock.items():
-        outs = {e["path"]: _lock_digest(e) for e in spec.get("outs") or []}
+        outs = {e["path"]: lock_digest(e) for e in spec.get("outs") or []}
         found[stage] = not outs or any(e.get("stage") == stage and e.get("outs") == outs for e in entries)
     return found

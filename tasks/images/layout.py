@@ -119,7 +119,7 @@ def split_folders(root: Path, *, what: str, unlabelled: list[Path] | None = None
     """{split: folder} when root's top-level folders are split names, None when none is. Beside them, a folder of
     images without class folders (below any wrapper) is added to `unlabelled`; any other mix is refused."""
     class_folders(root, what=what)  # the path errors (missing, a file, '~') first, each named
-    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = [p.name for p in _folders(root)]
     splits = [name for name in names if name.lower() in SPLIT_NAMES]
     if not splits:
         return None
