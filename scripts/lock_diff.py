@@ -257,8 +257,10 @@ def not_recomputed(root: Path = Path(".")) -> tuple[list[str], list[str]]:
 
 def judged_here(rev: str, lines: list[str], status: int, root: Path = Path(".")) -> tuple[list[str], int]:
     """`compare`'s answer, kept only for what this workspace computed."""
+    if status == 2:  # nothing was compared (no dvc.lock here or at rev)
+        return lines, status
     missing, always = not_recomputed(root)
-    if not missing or status == 2:
+    if not missing:
         return lines, status
     substantive = [name for name in provenance.stages(root) if name not in always]
     if len(missing) == len(substantive):
