@@ -26,7 +26,18 @@ _PARAMS = ("pydantic", "pyyaml")
 LIBRARIES: dict[str, tuple[str, ...]] = {
     "generate": ("numpy", "pillow", *_PARAMS),
     "preprocess": ("numpy", "pillow", "pyarrow", *_PARAMS),
-    "train": ("torch", "torchvision", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
+    "train": (
+        "torch",
+        "torchvision",
+        "numpy",
+        "pillow",
+        "pyarrow",
+        "matplotlib",
+        "scikit-learn",
+        "scikit-image",
+        "scipy",
+        *_PARAMS,
+    ),  # scikit-*: the mirror check and the feature probe
     "evaluate": ("torch", "torchvision", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
     "export": ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
     "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests

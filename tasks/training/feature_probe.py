@@ -1,7 +1,8 @@
 """How far the new data is from the weights training starts from: a linear probe of the backbone's features.
 
 The start weights' backbone (train.pretrained or init_from, the head aside) embeds at most `SAMPLE` training
-images; a ridge classifier on those embeddings, 5-fold, says how much of the new classes the features already
+images; a ridge classifier on those embeddings (scikit-learn's RidgeClassifier on standardised features,
+scored with `cross_val_score` over 5 shuffled folds) says how much of the new classes the features already
 separate: `known = (accuracy - chance) / (1 - chance)`, 1 when a linear head on the frozen features is enough,
 0 when they carry nothing of the new classes. Linear probing before fine-tuning is Kumar et al. 2022 ("Fine-Tuning
 can Distort Pretrained Features"); the fine-tuning recipe (tasks/training/recipe.py) takes its rates from it: near
@@ -17,13 +18,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.linear_model import RidgeClassifier
+from sklearn.model_selection import cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.mirror import cross_validated
+from tasks.training.mirror import FOLDS, chance_of, folds
 from tasks.training.models import head_name, normalize
 
 SAMPLE = 1000  # training images embedded at most
 BATCH = 128
+RIDGE = 1.0  # RidgeClassifier's alpha on standardised features
 
 
 @dataclass(frozen=True)
@@ -72,5 +78,10 @@ def feature_probe(
 ) -> FeatureProbe:
     started = time.perf_counter()
     features = embed(model, images, spec)
-    chance, (accuracy,) = cross_validated(features, labels, len(spec.class_names), seed, (features,))
+    labels = np.asarray(labels, dtype=np.int64)
+    chance = chance_of(labels)
+    if len(labels) < FOLDS or len(np.unique(labels)) < 2:  # nothing to fit: the probe says the features know nothing
+        return FeatureProbe(len(labels), chance, chance, time.perf_counter() - started)
+    probe = make_pipeline(StandardScaler(), RidgeClassifier(alpha=RIDGE))
+    accuracy = float(cross_val_score(probe, features, labels, cv=folds(seed)).mean())
     return FeatureProbe(len(labels), chance, accuracy, time.perf_counter() - started)

@@ -123,7 +123,7 @@ def training_start(
     mirror = None
     if train.augment.hflip == AUTO:  # measured on the images (tasks/training/mirror.py), the same on every rank
         sample = sample_indices(len(dataset), seed)
-        mirror = mirror_check(dataset.data.take(sample), dataset.labels[sample], len(spec.class_names), seed)
+        mirror = mirror_check(dataset.data.take(sample), dataset.labels[sample], spec.class_names, seed)
     probe = None
     if train.from_weights and AUTO in (train.lr, train.backbone_lr_scale):  # how far the data is from the weights
         module = build_model(train.arch, len(spec.class_names))

@@ -152,3 +152,87 @@ def draw_glyph_folder(root: Path, per_class: int, seed: int = 0, glyphs: str = G
                 folder / f"{glyph}_{i:04d}{'.png' if i % 2 else '.jpg'}"
             )
     return root
+
+
+# Side views facing right, in unit coordinates (x right, y down): a mirror image of each is still the same thing,
+# but no class is a mirror image of another.
+FACING = {
+    "car": [(-1.0, 0.3), (1.0, 0.3), (1.0, 0.0), (0.3, -0.1), (0.05, -0.5), (-0.7, -0.5), (-0.85, -0.1), (-1.0, 0.0)],
+    "fish": [(-1.0, -0.5), (-0.55, 0.0), (-1.0, 0.5), (-0.7, 0.5), (-0.4, 0.15), (0.1, 0.45), (0.7, 0.35),
+             (1.0, 0.0), (0.7, -0.35), (0.1, -0.45), (-0.4, -0.15), (-0.7, -0.5)],
+    "boot": [(-0.7, -1.0), (-0.1, -1.0), (-0.1, 0.2), (0.9, 0.35), (1.0, 0.7), (-0.7, 0.7)],
+    "flag": [(-0.8, -1.0), (-0.65, -1.0), (-0.65, -0.9), (0.9, -0.55), (-0.65, -0.2), (-0.65, 1.0), (-0.8, 1.0)],
+    "truck": [(-1.0, 0.35), (1.0, 0.35), (1.0, -0.2), (0.75, -0.6), (0.4, -0.6), (0.4, -0.8), (-1.0, -0.8)],
+}  # fmt: skip
+WHEELS = {"car": (-0.55, 0.55), "truck": (-0.6, 0.0, 0.7)}
+
+
+def draw_facing_folder(root: Path, per_class: int, seed: int = 0, kinds: tuple[str, ...] = tuple(FACING)) -> Path:
+    """Side views of things that all face right, as product shots and vehicles in profile do: a car, a fish, a boot,
+    a flag, a truck, of any colour and size on a noisy background of any dull colour. A mirror image of a car is
+    still a car (flips help), yet it looks unlike every training image of its class."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    for kind in kinds:
+        folder = root / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            w, h = int(rng.integers(48, 97)), int(rng.integers(40, 81))
+            noise = rng.normal(0, 14, size=(h, w, 3)) + rng.integers(40, 140, size=3)
+            image = Image.fromarray(noise.clip(0, 255).astype(np.uint8))
+            r = min(w, h) * rng.uniform(0.3, 0.45)
+            cx, cy = rng.uniform(r, w - r), rng.uniform(r, h - r)
+            stretch = rng.uniform(1.0, 1.3)
+            fill = tuple(int(v) for v in rng.integers(150, 256, size=3))
+            draw = ImageDraw.Draw(image)
+            draw.polygon([(cx + x * r * stretch, cy + y * r) for x, y in FACING[kind]], fill=fill)
+            for x in WHEELS.get(kind, ()):
+                wx, wy, wr = cx + x * r * stretch, cy + 0.35 * r, 0.22 * r
+                draw.ellipse([wx - wr, wy - wr, wx + wr, wy + wr], fill=(20, 20, 20))
+            image.save(folder / f"{kind}_{i:04d}{'.png' if i % 3 else '.jpg'}")
+    return root
+
+
+TEXTURES = ("stripes", "checks", "dots", "rings", "blobs", "grain")
+
+
+def _texture(kind: str, rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A (h, w) pattern in [0, 1]: any scale, angle and phase, so the kind alone tells the class."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    angle, period = rng.uniform(0, np.pi), rng.uniform(5, 12)
+    u = (x * np.cos(angle) + y * np.sin(angle)) * 2 * np.pi / period + rng.uniform(0, 2 * np.pi)
+    v = (-x * np.sin(angle) + y * np.cos(angle)) * 2 * np.pi / period + rng.uniform(0, 2 * np.pi)
+    if kind == "stripes":
+        return (np.sin(u) > 0).astype(np.float64)
+    if kind == "checks":
+        return ((np.sin(u) * np.sin(v)) > 0).astype(np.float64)
+    if kind == "dots":
+        return ((np.cos(u) + np.cos(v)) > 1.2).astype(np.float64)
+    if kind == "rings":
+        cy, cx = rng.uniform(0, h), rng.uniform(0, w)
+        return (np.sin(np.hypot(x - cx, y - cy) * 2 * np.pi / period) > 0).astype(np.float64)
+    from scipy.ndimage import gaussian_filter
+
+    if kind == "blobs":
+        field = gaussian_filter(rng.normal(size=(h, w)), sigma=period / 2)
+        return (field > np.median(field)).astype(np.float64)
+    return (gaussian_filter(rng.normal(size=(h, w)), sigma=0.7) > 0).astype(np.float64)  # grain
+
+
+def draw_texture_folder(root: Path, per_class: int, seed: int = 0, kinds: tuple[str, ...] = TEXTURES) -> Path:
+    """Textures in two colours of any hue (stripes, checks, dots, rings, blobs, grain), at any scale, angle and phase,
+    blurred and noisy as a photo of a surface is: the class is the pattern, never where or which way it lies."""
+    rng = np.random.default_rng(seed)
+    for kind in kinds:
+        folder = root / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = int(rng.integers(40, 97)), int(rng.integers(40, 97))
+            pattern = _texture(kind, rng, h, w)[..., None]
+            ink, paper = rng.integers(0, 256, size=(2, 3))
+            pixels = pattern * ink + (1 - pattern) * paper + rng.normal(0, 18, size=(h, w, 3))
+            Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
+                folder / f"{kind}_{i:04d}{'.png' if i % 2 else '.jpg'}"
+            )
+    return root
