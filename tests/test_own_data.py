@@ -150,7 +150,7 @@ def test_planted_label_errors_are_found_out_of_sample(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_scanned_glyphs_get_no_flips_and_learn_flat_or_split_into_folders(tmp_path: Path) -> None:
-    """10 digits x 150 drawn as scans, default params: the mirror check turns flips off (a mirrored 2 is no 2)
+    """10 digits x 150 drawn as scans, default params: the mirror check turns flips off (mirrored 3s take 8s' place)
     and the flat folder reaches 0.95; the same images split into train/val/test folders give the 10 digit
     classes, not 3 classes named train, val and test, and reach 0.9. (Measured 1.0 and 1.0, 2-core EPYC.)"""
     import shutil
@@ -159,7 +159,8 @@ def test_scanned_glyphs_get_no_flips_and_learn_flat_or_split_into_folders(tmp_pa
     flat, run, _ = run_default_recipe(source, tmp_path / "flat")
     flips = run["recipe"]["choices"]["augment.hflip"]
     assert flips["value"] is False and flips["auto"] and "no flips" in flips["why"]
-    assert run["recipe"]["mirror_check"]["loss"] > 0.35
+    check = run["recipe"]["mirror_check"]
+    assert check["worst_class"]["p"] < 0.05 / 10 or check["loss"] > 0.10
     split = tmp_path / "split"
     for cls in sorted(p.name for p in source.iterdir()):
         for i, image in enumerate(sorted((source / cls).iterdir())):
