@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_finetune.py                  # every case, about 15 min on 2 cores
     .venv/bin/python bench/bench_finetune.py --cases A-far    # one
+    .venv/bin/python bench/bench_finetune.py --probe-only --per-class 5 60   # the probe alone, few-shot and not
 
 Nothing downloads: the backbones are resnet18s trained here. A is the committed run's model (models/model.pt,
 the default data); B is trained first on 7 shape kinds, off-centre on cluttered canvases. Each case is a
@@ -96,12 +97,52 @@ def probe(p: Params, weights: Path, shards: Path) -> str:
     return result.line()
 
 
+def probe_table(p: Params, cases: list[str], sizes: list[int]) -> None:
+    """The feature probe's `known` and the rates it picks, for each case at each folder size: does it misjudge
+    a few-shot folder (5 images per class: 12 training images, 4 per class after the val split)?"""
+    from tasks.training.recipe import resolve
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        weights = {"A": backbone_a(tmp)}
+        if any(case.startswith("B") for case in cases):
+            weights["B"] = backbone_b(p, tmp)
+        print(f"{'case':8} {'per class':>9} {'images':>6} {'chance':>6} {'probe':>6} {'known':>6} {'lr':>8} {'bb':>5}")
+        for case in cases:
+            for per_class in sizes:
+                # Twice as many drawn, half of them val and test: about `per_class` per class in the train split.
+                source = folder(case, tmp / case / f"images{per_class}", 2 * per_class, 12)
+                shards = tmp / case / f"shards{per_class}"
+                preprocess.run(p.preprocess.model_copy(update={"val_fraction": 0.25, "test_fraction": 0.25}),
+                               seed=p.seed, source=source, out_dir=shards)  # fmt: skip
+                spec = PreprocessSpec.model_validate(load_manifest(shards)["spec"])
+                model = build_model(p.train.arch, len(spec.class_names))
+                load_init_weights(model, str(weights[case[0]]))
+                split = ShardSplit.open(shards, "train")
+                found = feature_probe(model, split.all_images(), split.labels, spec, seed=0)
+                train = p.train.model_copy(
+                    update={
+                        "init_from": str(weights[case[0]]),
+                        "augment": p.train.augment.model_copy(update={"hflip": True}),
+                    }
+                )
+                recipe = resolve(train, len(split.labels), probe=found)
+                shown = f"{found.accuracy:6.2f} {found.known:6.2f}" if found.judged else f"{'-':>6} {'-':>6}"
+                print(f"{case:8} {per_class:9d} {found.images:6d} {found.chance:6.2f} {shown} "
+                      f"{recipe.params.lr:8.4g} {recipe.params.backbone_lr_scale:5.2g}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--variants", nargs="+", default=["auto", "gentle", "middle", "strong"])
+    parser.add_argument("--probe-only", action="store_true", help="only the feature probe, at each --per-class")
+    parser.add_argument("--per-class", nargs="+", type=int, default=[60], help="--probe-only: images per class")
     args = parser.parse_args()
     p = load_params(ROOT / "params.yaml")
+    if args.probe_only:
+        probe_table(p, args.cases, args.per_class)
+        return
     r = p.train.recipe
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -123,7 +123,7 @@ def _train(
         test_hooks = planted(hooks)
         meta = run_metadata(params, run.start.recipe, checkpointer.identity, run.precision, world, data.sampler,
                             progress, run.runner.stats, run.built, in_sync, test_hooks)  # fmt: skip
-        write_outputs(out, module=run.built.module, arch=params.arch, spec=spec, progress=progress, meta=meta,
+        write_outputs(out, module=run.runner.kept, arch=params.arch, spec=spec, progress=progress, meta=meta,
                       provenance=model_provenance(provenance, run.built, test_hooks))  # fmt: skip
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run.telemetry.directory / "profile.json", {**profile, "resumed_from_step": resumed_from})

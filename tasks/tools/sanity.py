@@ -46,9 +46,10 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
     batch = min(sanity.batch_size, len(start.dataset))
     _, loader, _ = start.loader(World(), batch_size=batch)
     images, labels, _ = next(iter(loader))
-    # Constant lr, no smoothing (its loss floor is above 0), one process, accumulation 1; a NaN is a finding.
+    # Constant lr, no smoothing (its loss floor is above 0), no average, one process, accumulation 1; a NaN is a
+    # finding.
     recipe = start.params.model_copy(
-        update={"lr": sanity.lr, "label_smoothing": 0.0, "scheduler": "plateau", "warmup_epochs": 0.0,
+        update={"lr": sanity.lr, "label_smoothing": 0.0, "ema": False, "scheduler": "plateau", "warmup_epochs": 0.0,
                 "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip
     precision = resolve_precision(recipe.precision, device, recipe.memory_format)

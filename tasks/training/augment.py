@@ -48,21 +48,26 @@ def uniforms(keys: list[tuple[int, ...]], count: int) -> np.ndarray:
 
 
 _JITTER = 0xC0102  # appended to a sample's key: colour jitter draws from a stream of its own
+_POLICY = 0x9011C  # and the policy (RandAugment, TrivialAugmentWide) from another
 _GREY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 
 
 class Augment:
-    """Random crop (reflect-pad-and-crop, or random-resized-crop), horizontal flip and colour jitter, per sample.
+    """Random crop (reflect-pad-and-crop, or random-resized-crop), horizontal flip, a policy (torchvision's
+    RandAugment or TrivialAugmentWide) and colour jitter, per sample.
 
     Draw 0 decides the flip; pad mode uses draws 1-2 for the offsets; random_resized uses draws
-    1-40 for up to ten (area, ratio, top, left) attempts. Colour jitter draws its three factors
-    from the key extended by a constant, so turning it on leaves the crops and flips as they were.
+    1-40 for up to ten (area, ratio, top, left) attempts. Colour jitter and the policy draw from the key
+    extended by a constant each, so turning one on leaves the crops and flips as they were. The policy is
+    torchvision's own transform run on one image at a time under torch's generator seeded from the sample's
+    key (inside `torch.random.fork_rng`, so the training process's own random stream is untouched).
     """
 
     def __init__(self, params: AugmentParams) -> None:
         if not isinstance(params.hflip, bool):  # `auto` is the recipe's to resolve (tasks/training/mirror.py)
             raise ValueError(f"augment.hflip {params.hflip!r}: resolve it first (tasks.training.recipe.resolve)")
         self.params = params
+        self.policy = _policy(params)
 
     def __call__(self, image: torch.Tensor, key: tuple[int, ...]) -> torch.Tensor:
         """One uint8 (3, H, W) image; the same as its row in `batch`."""
@@ -85,8 +90,18 @@ class Augment:
         if flips.any():  # row k of [out; flipped out] is k or k + N: one block copy, no masked select
             choice = torch.from_numpy(np.arange(len(out)) + len(out) * flips)
             out = torch.cat([out, out.flip(-1)]).index_select(0, choice)
+        if self.policy is not None:
+            out = self._apply_policy(out, uniforms([(*key, _POLICY) for key in keys], 1)[:, 0])
         if p.color_jitter.enabled:
             out = self._jitter(out, uniforms([(*key, _JITTER) for key in keys], 3))
+        return out
+
+    def _apply_policy(self, images: torch.Tensor, u: np.ndarray) -> torch.Tensor:
+        out = torch.empty_like(images)
+        with torch.random.fork_rng(devices=[]):
+            for k, seed in enumerate((u * 2.0**53).astype(np.int64).tolist()):
+                torch.manual_seed(seed)
+                out[k] = self.policy(images[k])
         return out
 
     def _jitter(self, images: torch.Tensor, u: np.ndarray) -> torch.Tensor:
@@ -154,3 +169,13 @@ class Augment:
             crop = images[k : k + 1, :, top : top + h, left : left + w]
             out[k] = F.interpolate(crop, size=(height, width), mode="bilinear", antialias=True, align_corners=False)[0]
         return out
+
+
+def _policy(params: AugmentParams) -> torch.nn.Module | None:
+    if params.policy == "none":
+        return None
+    from torchvision.transforms import v2
+
+    if params.policy == "rand_augment":
+        return v2.RandAugment(num_ops=params.policy_ops, magnitude=params.policy_magnitude)
+    return v2.TrivialAugmentWide()

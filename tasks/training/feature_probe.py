@@ -24,12 +24,15 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.mirror import FOLDS, chance_of, folds
+from tasks.training.mirror import chance_of, folds
 from tasks.training.models import head_name, normalize
 
 SAMPLE = 1000  # training images embedded at most
 BATCH = 128
 RIDGE = 1.0  # RidgeClassifier's alpha on standardised features
+MIN_PER_CLASS = 10  # fewer training images in a class: too few for 5-fold to judge (each fold fits on ~8 of them)
+# Measured (bench/bench_finetune.py --probe-only --per-class 5 60): near data known 0.78 at 60 images per class
+# and 0.10 at 5, which would have picked the from-scratch rate for data the features already separate.
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,12 @@ class FeatureProbe:
     chance: float
     accuracy: float  # 5-fold, a linear head on the frozen features
     seconds: float
+    smallest_class: int = MIN_PER_CLASS  # training images of the rarest class in the sample
+
+    @property
+    def judged(self) -> bool:
+        """False: too few images per class for the probe to say anything; the recipe takes the data as near."""
+        return self.smallest_class >= MIN_PER_CLASS
 
     @property
     def known(self) -> float:
@@ -47,9 +56,14 @@ class FeatureProbe:
     def to_json(self) -> dict[str, Any]:
         # No timing: train_run.json is a DVC output, byte for byte the same on a rerun (the log has the time).
         return {"images": self.images, "chance": round(self.chance, 4), "accuracy": round(self.accuracy, 4),
-                "known": round(self.known, 4)}  # fmt: skip
+                "known": round(self.known, 4), "smallest_class": self.smallest_class,
+                "judged": self.judged}  # fmt: skip
 
     def line(self) -> str:
+        if not self.judged:
+            return (f"a linear probe of the start weights' features cannot judge {self.images} training images: the "
+                    f"rarest class has {self.smallest_class}, fewer than {MIN_PER_CLASS} (5-fold would fit on a few "
+                    "of each)")  # fmt: skip
         return (f"a linear probe of the start weights' features scores {self.accuracy:.2f} on {self.images} "
                 f"training images, 5-fold (chance {self.chance:.2f}): they already know {self.known:.0%} of the "
                 "new classes")  # fmt: skip
@@ -80,8 +94,9 @@ def feature_probe(
     features = embed(model, images, spec)
     labels = np.asarray(labels, dtype=np.int64)
     chance = chance_of(labels)
-    if len(labels) < FOLDS or len(np.unique(labels)) < 2:  # nothing to fit: the probe says the features know nothing
-        return FeatureProbe(len(labels), chance, chance, time.perf_counter() - started)
+    smallest = int(np.bincount(labels, minlength=len(spec.class_names)).min()) if len(labels) else 0
+    if smallest < MIN_PER_CLASS or len(spec.class_names) < 2:  # too few to fit and score: taken as near
+        return FeatureProbe(len(labels), chance, chance, time.perf_counter() - started, smallest)
     probe = make_pipeline(StandardScaler(), RidgeClassifier(alpha=RIDGE))
     accuracy = float(cross_val_score(probe, features, labels, cv=folds(seed)).mean())
-    return FeatureProbe(len(labels), chance, accuracy, time.perf_counter() - started)
+    return FeatureProbe(len(labels), chance, accuracy, time.perf_counter() - started, smallest)

@@ -156,7 +156,9 @@ class EpochLoop:
         loss_sum, correct, count = all_reduce_sum([progress.loss_sum, progress.correct, progress.count])
         seen = all_reduce_counts(progress.seen)
         broadcast_buffers(self.runner.raw)
-        metrics = validate(self.runner.raw)
+        if self.runner.ema is not None:
+            broadcast_buffers(self.runner.kept)  # each rank averaged its own BatchNorm statistics
+        metrics = validate(self.runner.kept)
         row = {
             "epoch": epoch + 1,
             "train_loss": round(loss_sum / count, 6),

@@ -17,6 +17,12 @@ near data (the probe knows `recipe.finetune_near_known` of the new classes) gets
 with the backbone at `recipe.finetune_backbone_lr_scale` of the head's, far data (`finetune_far_known`)
 the from-scratch rate with the backbone at the head's, data between a geometric blend of the two
 (bench/bench_finetune.py measured it against hand-set rates).
+
+A small train split from scratch (fewer than `recipe.small_data_images` images) is where a classical baseline
+(an SVM on HOG features) beat the plain recipe. Of the candidates bench/bench_small_data.py measured there
+(RandAugment, label smoothing, an average of the weights, a longer schedule), only the longer schedule helped:
+`auto` trains at least `recipe.small_min_steps` steps instead of `recipe.min_steps`. The others are options
+(`augment.policy`, `label_smoothing`, `ema`), off unless set.
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ class Recipe:
 
 def _farness(r: RecipeParams, probe: FeatureProbe | None) -> float:
     """0 for near data (the fine-tune rates), 1 for far (the from-scratch rate, backbone at the head's)."""
-    if probe is None:
+    if probe is None or not probe.judged:
         return 0.0
     return min(1.0, max(0.0, (r.finetune_near_known - probe.known) / (r.finetune_near_known - r.finetune_far_known)))
 
@@ -116,6 +122,7 @@ def resolve(
     of the new classes the start weights already know (from weights only; None: they are taken as near)."""
     r, parts = params.recipe, processes * params.accumulation_steps
     choices: list[Choice] = []
+    small = not params.from_weights and train_images < r.small_data_images
 
     if params.batch_size == AUTO:
         wanted = min(r.max_batch, _floor_pow2(train_images / r.min_steps_per_epoch))
@@ -156,14 +163,17 @@ def resolve(
         choices.append(Choice("lr", lr, False, "set in params.yaml"))
 
     if params.epochs == AUTO:
-        needed = math.ceil(r.min_steps / steps_per_epoch)
+        key, min_steps = ("recipe.small_min_steps", r.small_min_steps) if small else ("recipe.min_steps", r.min_steps)
+        needed = math.ceil(min_steps / steps_per_epoch)
         epochs = max(r.min_epochs, needed)
         why = (
-            f"{needed} epochs of {steps_per_epoch} steps reach recipe.min_steps {r.min_steps}"
+            f"{needed} epochs of {steps_per_epoch} steps reach {key} {min_steps}"
             if epochs == needed
-            else f"recipe.min_epochs {r.min_epochs} ({epochs * steps_per_epoch} steps, "
-            f"at least recipe.min_steps {r.min_steps})"
+            else f"recipe.min_epochs {r.min_epochs} ({epochs * steps_per_epoch} steps, at least {key} {min_steps})"
         )
+        if small:
+            why += (f" (small data from scratch: {train_images} training images, fewer than recipe.small_data_images "
+                    f"{r.small_data_images})")  # fmt: skip
         choices.append(Choice("epochs", epochs, True, why))
     else:
         epochs = int(params.epochs)
@@ -206,8 +216,18 @@ def resolve(
         hflip = bool(params.augment.hflip)
         choices.append(Choice("augment.hflip", hflip, False, "set in params.yaml"))
 
+    if params.ema_decay == AUTO:
+        span = max(1.0, r.ema_span * epochs * steps_per_epoch)
+        decay = round(1 - 1 / span, 6)
+        choices.append(Choice("ema_decay", decay, True, f"1 - 1 / (recipe.ema_span {r.ema_span:g} x "
+                                                        f"{epochs * steps_per_epoch} steps)"))  # fmt: skip
+    else:
+        decay = float(params.ema_decay)
+        choices.append(Choice("ema_decay", decay, False, "set in params.yaml"))
+
     augment = params.augment.model_copy(update={"hflip": hflip})
     resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup,
                                          "backbone_lr_scale": scale, "freeze_epochs": frozen,
+                                         "ema_decay": decay,
                                          "augment": augment})  # fmt: skip
     return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror, probe)

@@ -81,6 +81,19 @@ class StepRunner:
         self.backbone = [p for name, p in self.raw.named_parameters() if p.requires_grad and not is_head(name, head)]
         self.head_only = False  # the loop sets it for train.freeze_epochs: backbone gradients are dropped
         self.stats = StepStats(accumulation=params.accumulation_steps)
+        # train.ema: an exponential moving average of the weights and BatchNorm statistics, updated after each
+        # applied step; it is what validation scores and what model.pt holds.
+        self.ema = (
+            torch.optim.swa_utils.AveragedModel(
+                self.raw, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(float(params.ema_decay)),
+                use_buffers=True,
+            ) if params.ema else None
+        )  # fmt: skip
+
+    @property
+    def kept(self) -> torch.nn.Module:
+        """The weights validation scores and model.pt holds: the average under train.ema, else the model."""
+        return self.ema.module if self.ema is not None else self.raw
 
     def run(self, images: torch.Tensor, labels: torch.Tensor, number: int) -> StepOutcome:
         """Optimizer step `number` (1-based) on one global batch (this rank's part of it)."""
@@ -127,6 +140,8 @@ class StepRunner:
         if applied:
             self.stats.updates += 1
             self.schedule.after_update()
+            if self.ema is not None:
+                self.ema.update_parameters(self.raw)
         return applied
 
     def _accumulate(self, images: torch.Tensor, labels: torch.Tensor, number: int) -> tuple[float, int, torch.Tensor]:
@@ -198,6 +213,7 @@ class StepRunner:
             "schedule": self.schedule.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "stats": asdict(self.stats),
+            "ema": {k: v.detach().cpu() for k, v in self.ema.state_dict().items()} if self.ema is not None else None,
         }
 
     def load_state_dict(self, payload: dict[str, Any]) -> None:
@@ -207,3 +223,5 @@ class StepRunner:
         if self.scaler is not None and payload["scaler"] is not None:
             self.scaler.load_state_dict(payload["scaler"])
         self.stats = StepStats(**payload["stats"])
+        if self.ema is not None:
+            self.ema.load_state_dict(payload["ema"])

@@ -125,10 +125,15 @@ def draw_offcentre_folder(
 GLYPHS = "0123456789"
 
 
-def draw_glyph_folder(root: Path, per_class: int, seed: int = 0, glyphs: str = GLYPHS) -> Path:
+def draw_glyph_folder(
+    root: Path, per_class: int, seed: int = 0, glyphs: str = GLYPHS, max_ratio: float = 1.0, any_shade: bool = False
+) -> Path:  # fmt: skip
     """Scanned glyphs: one character per image (the class), dark ink on paper of uneven grey, at any size from
     half the canvas to nearly all of it, slightly rotated and off-centre, with scanner noise and blur;
-    28-64 px canvases, grayscale PNG or JPEG. A mirrored 2, 3, 4, 5, 6, 7 or 9 is no digit of its class."""
+    28-64 px canvases, grayscale PNG or JPEG. A mirrored b is a d; a mirrored 2, 3, 4, 5, 6, 7 or 9 is no digit.
+    `max_ratio` > 1: the scan is stretched to an aspect ratio of 1 to `max_ratio` (log-uniform, half wide, half
+    tall), glyph and all, as images resized to a fixed box by some other tool are.
+    `any_shade`: ink and paper of any two grey levels at least 60 apart, light ink on dark paper as often as not."""
     from PIL import ImageDraw, ImageFilter, ImageFont
 
     rng = np.random.default_rng(seed)
@@ -137,17 +142,23 @@ def draw_glyph_folder(root: Path, per_class: int, seed: int = 0, glyphs: str = G
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
             side = int(rng.integers(28, 65))
+            long = int(round(side * np.exp(rng.uniform(0, np.log(max_ratio))))) if max_ratio > 1 else side
+            w, h = (long, side) if i % 2 else (side, long)
             big = side * 4  # drawn large, then scanned down: antialiased strokes
-            paper = int(rng.integers(190, 250))
+            paper, ink = int(rng.integers(190, 250)), int(rng.integers(0, 70))
+            if any_shade:
+                paper, ink = int(rng.integers(0, 256)), int(rng.integers(0, 256))
+                while abs(paper - ink) < 60:
+                    paper, ink = int(rng.integers(0, 256)), int(rng.integers(0, 256))
             image = Image.new("L", (big, big), paper)
             font = ImageFont.load_default(size=int(big * rng.uniform(0.5, 0.85)))
             draw = ImageDraw.Draw(image)
             centre = (big / 2 + rng.uniform(-0.1, 0.1) * big, big / 2 + rng.uniform(-0.1, 0.1) * big)
-            draw.text(centre, glyph, font=font, anchor="mm", fill=int(rng.integers(0, 70)),
-                      stroke_width=int(rng.integers(0, 3)), stroke_fill=int(rng.integers(0, 70)))  # fmt: skip
+            draw.text(centre, glyph, font=font, anchor="mm", fill=ink,
+                      stroke_width=int(rng.integers(0, 3)), stroke_fill=ink)  # fmt: skip
             image = image.rotate(float(rng.uniform(-10, 10)), resample=Image.BILINEAR, fillcolor=paper)
-            image = image.resize((side, side), Image.BILINEAR).filter(ImageFilter.GaussianBlur(rng.uniform(0, 0.8)))
-            pixels = np.asarray(image, np.float32) + rng.normal(0, 8, size=(side, side))
+            image = image.resize((w, h), Image.BILINEAR).filter(ImageFilter.GaussianBlur(rng.uniform(0, 0.8)))
+            pixels = np.asarray(image, np.float32) + rng.normal(0, 8, size=(h, w))
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
                 folder / f"{glyph}_{i:04d}{'.png' if i % 2 else '.jpg'}"
             )
@@ -221,8 +232,9 @@ def _texture(kind: str, rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 
 
 def draw_texture_folder(root: Path, per_class: int, seed: int = 0, kinds: tuple[str, ...] = TEXTURES) -> Path:
-    """Textures in two colours of any hue (stripes, checks, dots, rings, blobs, grain), at any scale, angle and phase,
-    blurred and noisy as a photo of a surface is: the class is the pattern, never where or which way it lies."""
+    """Textures in two colours of any hue, at least 60 grey levels apart (stripes, checks, dots, rings, blobs, grain),
+    at any scale, angle and phase, noisy as a photo of a surface is: the class is the pattern, never where or which
+    way it lies."""
     rng = np.random.default_rng(seed)
     for kind in kinds:
         folder = root / kind
@@ -231,6 +243,8 @@ def draw_texture_folder(root: Path, per_class: int, seed: int = 0, kinds: tuple[
             h, w = int(rng.integers(40, 97)), int(rng.integers(40, 97))
             pattern = _texture(kind, rng, h, w)[..., None]
             ink, paper = rng.integers(0, 256, size=(2, 3))
+            while abs(float((ink - paper) @ (0.299, 0.587, 0.114))) < 60:  # a pattern one can see, in grey too
+                ink, paper = rng.integers(0, 256, size=(2, 3))
             pixels = pattern * ink + (1 - pattern) * paper + rng.normal(0, 18, size=(h, w, 3))
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
                 folder / f"{kind}_{i:04d}{'.png' if i % 2 else '.jpg'}"

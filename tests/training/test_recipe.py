@@ -31,15 +31,15 @@ def test_the_default_data_gets_the_recipe_that_reached_0_948_there() -> None:
 def test_a_small_folder_gets_a_smaller_batch_and_enough_steps() -> None:
     recipe = resolve(DEFAULT, 162)
     p = recipe.params
-    assert (p.batch_size, recipe.steps_per_epoch, p.epochs, recipe.total_steps) == (16, 10, 40, 400)
+    assert (p.batch_size, recipe.steps_per_epoch, p.epochs, recipe.total_steps) == (16, 10, 100, 1000)
     assert p.lr == pytest.approx(0.025)  # linear scaling: 0.1 x 16 / 64
     assert (
         recipe.summary()
-        == "162 training images: batch 16, lr 0.025, 40 epochs x 10 steps = 400 steps, warmup 3.33 epochs"
+        == "162 training images: batch 16, lr 0.025, 100 epochs x 10 steps = 1000 steps, warmup 8.33 epochs"
     )
     reasons = "\n".join(recipe.reasons())
     assert "batch_size 16 (auto: 64 at most, and at least 8 steps per epoch)" in reasons
-    assert "epochs 40 (auto: 40 epochs of 10 steps reach recipe.min_steps 400)" in reasons
+    assert "epochs 100 (auto: 100 epochs of 10 steps reach recipe.small_min_steps 1000 (small data" in reasons
     # The warmup is the same share of the run, whatever its length.
     assert p.warmup_epochs / p.epochs == pytest.approx(DEFAULT.recipe.warmup_fraction)
 
@@ -56,7 +56,8 @@ def test_tiny_and_huge_folders() -> None:
 
 def test_explicit_values_are_obeyed_as_written() -> None:
     explicit = DEFAULT.model_copy(update={"batch_size": 64, "lr": 0.1, "epochs": 6, "warmup_epochs": 0.5,
-                                          "backbone_lr_scale": 0.5, "freeze_epochs": 2})  # fmt: skip
+                                          "backbone_lr_scale": 0.5, "freeze_epochs": 2,
+                                          "ema_decay": 0.99})  # fmt: skip
     recipe = resolve(explicit, 162)
     assert (recipe.params.batch_size, recipe.params.lr, recipe.params.epochs, recipe.params.warmup_epochs) == (
         64, 0.1, 6, 0.5,
@@ -66,7 +67,7 @@ def test_explicit_values_are_obeyed_as_written() -> None:
     assert recipe.total_steps == 12  # the 18-step recipe the issue measured, now chosen knowingly
     # One explicit value; the others still follow the data.
     mixed = resolve(DEFAULT.model_copy(update={"batch_size": 32}), 162)
-    assert (mixed.params.batch_size, mixed.params.lr, mixed.params.epochs) == (32, 0.05, 80)
+    assert (mixed.params.batch_size, mixed.params.lr, mixed.params.epochs) == (32, 0.05, 200)
 
 
 def test_processes_and_accumulation_divide_the_auto_batch() -> None:
@@ -126,18 +127,29 @@ def test_hflip_auto_takes_the_mirror_checks_decision_and_says_why() -> None:
     assert auto.augment.hflip == "auto"
     with pytest.raises(ValueError, match="mirror check"):
         resolve(auto, 162)  # never a silent default: the train stage always measures
-    glyphs = MirrorCheck(images=300, chance=0.1, accuracy=0.78, mirrored=0.29, seconds=0.1)
-    photos = MirrorCheck(images=300, chance=0.1, accuracy=0.84, mirrored=0.86, seconds=0.1)
-    unsure = MirrorCheck(images=300, chance=0.33, accuracy=0.38, mirrored=0.2, seconds=0.1)
-    for check, flips in ((glyphs, False), (photos, True), (unsure, True)):
+    letters = MirrorCheck(300, 10, chance=0.1, accuracy=0.78, with_mirrors=0.6, mirrored=0.29, worst_class="b",
+                          worst_lost=20, worst_gained=0, worst_p=1e-6, seconds=0.1)  # fmt: skip
+    digits = MirrorCheck(300, 10, chance=0.1, accuracy=0.88, with_mirrors=0.87, mirrored=0.36, worst_class="3",
+                         worst_lost=17, worst_gained=0, worst_p=7.6e-6, seconds=0.1)  # fmt: skip
+    photos = MirrorCheck(300, 10, chance=0.1, accuracy=0.84, with_mirrors=0.86, mirrored=0.6, worst_class="a",
+                         worst_lost=4, worst_gained=1, worst_p=0.19, seconds=0.1)  # fmt: skip
+    unsure = MirrorCheck(300, 3, chance=0.33, accuracy=0.38, with_mirrors=0.2, mirrored=0.2, worst_class="a",
+                         worst_lost=30, worst_gained=0, worst_p=1e-9, seconds=0.1)  # fmt: skip
+    for check, flips in ((letters, False), (digits, False), (photos, True), (unsure, True)):
         recipe = resolve(auto, 162, mirror=check)
         assert recipe.params.augment.hflip is flips
         assert any(r.startswith(f"augment.hflip {'on' if flips else 'off'} (auto: ") for r in recipe.reasons())
         assert recipe.to_json()["mirror_check"]["hflip"] is flips
         assert "seconds" not in recipe.to_json()["mirror_check"]  # train_run.json is byte-reproducible: no timing
-    assert "glyphs, digits, text" in resolve(auto, 162, mirror=glyphs).reasons()[-1]
-    assert "too close to chance" in resolve(auto, 162, mirror=unsure).reasons()[-1]
-    forced = resolve(DEFAULT, 162, mirror=glyphs)  # true in params.yaml: used as written
+
+    def flip_reason(check: MirrorCheck) -> str:
+        return next(r for r in resolve(auto, 162, mirror=check).reasons() if r.startswith("augment.hflip"))
+
+    assert "looks like another class (glyphs, digits, text): no flips" in flip_reason(letters)
+    assert "the mirrors took 17 of 3's held-out images and gave back 0" in flip_reason(digits)
+    assert "a mirror image of another class looks like 3" in flip_reason(digits)
+    assert "too close to chance" in flip_reason(unsure)
+    forced = resolve(DEFAULT, 162, mirror=letters)  # true in params.yaml: used as written
     assert forced.params.augment.hflip is True and "augment.hflip on (params.yaml: set in params.yaml)" in (
         forced.reasons()
     )
@@ -170,3 +182,34 @@ def test_from_weights_the_rates_follow_how_much_the_features_already_know() -> N
     assert (fixed.params.lr, fixed.params.backbone_lr_scale) == (0.003, 0.5)
     # From scratch there is nothing to probe: the rates are the from-scratch ones.
     assert resolve(DEFAULT, 162, probe=probe(0.2)).params.lr == pytest.approx(strong)
+
+
+def test_a_small_split_from_scratch_trains_longer_and_says_why() -> None:
+    small = resolve(DEFAULT, 1200)
+    assert small.total_steps >= DEFAULT.recipe.small_min_steps == 1000
+    assert (small.params.batch_size, small.params.epochs) == (64, 56)  # 18 steps per epoch
+    reason = next(r for r in small.reasons() if r.startswith("epochs "))
+    assert reason == ("epochs 56 (auto: 56 epochs of 18 steps reach recipe.small_min_steps 1000 (small data from "
+                      "scratch: 1200 training images, fewer than recipe.small_data_images 2000))")  # fmt: skip
+    # The default data's split is not small, and from weights the fine-tuning recipe holds: 400 steps each.
+    assert resolve(DEFAULT, 8023).total_steps == 750
+    tuned = resolve(DEFAULT.model_copy(update={"init_from": "x.pt"}), 1200)
+    assert tuned.params.epochs == 23 and "recipe.min_steps 400" in next(r for r in tuned.reasons() if "epochs" in r)
+    # The options the bench measured and left off stay off unless set.
+    assert small.params.augment.policy == "none" and small.params.label_smoothing == 0.0 and not small.params.ema
+
+
+def test_a_probe_of_a_few_shot_folder_is_not_trusted_and_the_data_is_taken_as_near() -> None:
+    """5 images per class: 5-fold fits on 4 of each, and near data scored 'known 0.10' (bench_finetune.py
+    --probe-only), which would have relearnt features the weights already had."""
+    tuned = DEFAULT.model_copy(update={"init_from": "x.pt"})
+    few = FeatureProbe(images=15, chance=0.33, accuracy=0.4, seconds=0.1, smallest_class=5)
+    assert not few.judged
+    recipe = resolve(tuned, 15, probe=few)
+    near = resolve(tuned, 15, probe=None)
+    assert (recipe.params.lr, recipe.params.backbone_lr_scale) == (near.params.lr, near.params.backbone_lr_scale)
+    reason = next(r for r in recipe.reasons() if r.startswith("lr "))
+    assert "cannot judge 15 training images: the rarest class has 5, fewer than 10" in reason
+    assert recipe.to_json()["feature_probe"]["judged"] is False
+    judged = FeatureProbe(images=300, chance=0.33, accuracy=0.4, seconds=0.1, smallest_class=100)
+    assert resolve(tuned, 300, probe=judged).params.backbone_lr_scale == 1.0  # far: judged and acted on

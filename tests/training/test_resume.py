@@ -20,8 +20,10 @@ from tests.helpers.project import dvc, env_with_venv, make_project, run_train
 
 # 69 training images, global batch 16: 4 steps per epoch, 8 in all; checkpoints after steps 2 (mid-epoch),
 # 4 (epoch end), 6 (mid-epoch) and 8 (end). mobilenet_v3_small: small checkpoints, and its dropout draws
-# from the global torch RNG, so a resume that did not restore it would end with other weights.
-UPDATE = {"train": {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "device": "cpu"}}
+# from the global torch RNG, so a resume that did not restore it would end with other weights. train.ema: model.pt
+# holds the average of the weights, so a resume that lost the average (or its count) would end with other bytes.
+UPDATE = {"train": {"arch": "mobilenet_v3_small", "epochs": 2, "checkpoint_every_steps": 2, "device": "cpu",
+                    "ema": True, "ema_decay": 0.5}}  # fmt: skip
 
 
 def md5(path: Path) -> str:
