@@ -47,9 +47,9 @@ NEIGHBOURS = 5
 MIN_ABOVE_CHANCE = 0.10  # below this, the classifier knows too little to judge mirroring
 MAX_LOSS = 0.10  # adding the mirrors costs more than this share of what the classifier knows: flips off
 ALPHA = 0.05  # or they hurt one class surely: its one-sided exact test below ALPHA / classes
-# Measured (bench/bench_small_data.py --mirror): letters with mirror pairs (b d p q) lose 0.24 overall; digits lose
-# 0.01-0.04 overall, but their 3s go to mirrored 8s (17 lost, 0 gained: p 8e-6); symmetric shapes, one-way-facing
-# objects, shapes in clutter, textures and the default data lose -0.3 to 0.01 and no class below p 0.19.
+# Measured (bench/bench_small_data.py --mirror; docs/benchmarks.md): letters with mirror pairs (b d p q) lose 0.29
+# overall; digits 0.05, but mirrored 8s take 24 held-out 3s and give none back (p 6e-8); symmetric shapes,
+# one-way-facing objects, shapes in clutter, textures and the default data lose -0.28 to 0.01, no class below p 0.07.
 
 
 @dataclass(frozen=True)
