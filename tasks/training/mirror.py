@@ -48,7 +48,7 @@ MIN_ABOVE_CHANCE = 0.10  # below this, the classifier knows too little to judge 
 MAX_LOSS = 0.10  # adding the mirrors costs more than this share of what the classifier knows: flips off
 ALPHA = 0.05  # or they hurt one class surely: its one-sided exact test below ALPHA / classes
 # Measured (bench/bench_small_data.py --mirror; docs/benchmarks.md): letters with mirror pairs (b d p q) lose 0.29
-# overall; digits 0.05, but mirrored 8s take 24 held-out 3s and give none back (p 6e-8); symmetric shapes,
+# overall; digits 0.05, but 24 held-out 3s turn into 8s once the mirrors join, none back (p 6e-8); symmetric shapes,
 # one-way-facing objects, shapes in clutter, textures and the default data lose -0.28 to 0.01, no class below p 0.07.
 
 
