@@ -99,7 +99,7 @@ def probe(p: Params, weights: Path, shards: Path) -> str:
 
 def probe_table(p: Params, cases: list[str], sizes: list[int]) -> None:
     """The feature probe's `known` and the rates it picks, for each case at each folder size: does it misjudge
-    a few-shot folder (5 images per class: 12 training images, 4 per class after the val split)?"""
+    a few-shot folder (about 5 training images per class, the other half of the drawing in val and test)?"""
     from tasks.training.recipe import resolve
 
     with tempfile.TemporaryDirectory() as tmp_name:

@@ -32,7 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks import evaluate, preprocess, train  # noqa: E402
+from bench.bench_finetune import pipeline  # noqa: E402
+from tasks import preprocess  # noqa: E402
 from tasks.core.io import read_json  # noqa: E402
 from tasks.core.params import Params, derive_seed, load_params  # noqa: E402
 from tasks.images.shards import ShardSplit  # noqa: E402
@@ -106,20 +107,6 @@ def svm_on_hog(shards: Path, seed: int) -> tuple[float, float]:
     return accuracy, time.perf_counter() - started
 
 
-def pipeline(p: Params, source: Path, test: Path, work: Path) -> tuple[dict, dict, float]:
-    shards, reports = work / "shards", work / "reports"
-    preprocess.run(p.preprocess, seed=p.seed, source=source, out_dir=shards, test_source=test)
-    started = time.perf_counter()
-    result = train.run(p.train, seed=p.seed, shard_dir=shards, model_path=work / "model.pt",
-                       history_path=reports / "h.json", plot_path=reports / "h.png", runs_dir=work / "runs",
-                       provenance={}, run_meta_path=reports / "train_run.json")  # fmt: skip
-    seconds = time.perf_counter() - started
-    evaluate.run(p.evaluate, model_path=result.model_path, shard_dir=shards, metrics_path=reports / "metrics.json",
-                 confusion_json=reports / "c.json", confusion_png=reports / "c.png",
-                 dynamics_path=reports / "train_dynamics.json")  # fmt: skip
-    return read_json(reports / "metrics.json"), read_json(reports / "train_run.json"), seconds
-
-
 def with_sets(p: Params, sets: list[str]) -> Params:
     """params with `key=value` overrides (dotted keys, values as YAML), validated as params.yaml is."""
     import yaml
@@ -177,7 +164,8 @@ def main() -> None:
         for name in args.folders:
             draw, size, test_size = FOLDERS[name]
             source, test = draw(tmp / name / "images", size, 12), draw(tmp / name / "test", test_size, 1000)
-            metrics, run, seconds = pipeline(p, source, test, tmp / name / "run")
+            metrics, extra, seconds = pipeline(p, source, tmp / name / "run", {}, test)
+            run = extra["run"]
             svm, svm_seconds = svm_on_hog(tmp / name / "run" / "shards", p.seed)
             rows.append((name, run["recipe"]["train_images"], metrics["num_samples"], metrics["accuracy"], svm,
                          seconds, svm_seconds, run["recipe"]["summary"]))  # fmt: skip
