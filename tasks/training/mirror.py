@@ -7,22 +7,23 @@ the images and once on the images plus their mirror images labelled as the origi
 same held-out originals. When a mirror of one class looks like another, adding the mirrors teaches the classifier
 wrong labels and held-out accuracy falls; when a mirror keeps its class (side views, textures, scenes), the
 mirrors are more of the same class and accuracy holds or rises. So flips go off only when adding the mirrors
-costs more than `MAX_LOSS` of what the classifier knows above chance:
-`loss = (accuracy - with_mirrors) / (accuracy - chance)`.
+hurts: overall, costing more than `MAX_LOSS` of what the classifier knows above chance,
+`loss = (accuracy - with_mirrors) / (accuracy - chance)`; or in one class, whose held-out images lost to the
+mirrors outnumber those gained beyond chance (McNemar's exact test, one-sided, below `ALPHA` / classes).
 
 The classifier votes among the 5 nearest training images (scikit-learn's KNeighborsClassifier on standardised
-features, scored with `cross_val_score` on one shuffled KFold for both fits: paired folds), so it asks exactly
+features, `cross_val_predict` on one shuffled KFold for both fits: paired folds), so it asks exactly
 whether a mirror image lands among another class's images. A linear classifier cannot ask it: it pays for
 learning two orientations of one class as much as for a mirror pair (one-way-facing objects and digits both lost
 5% with one, mirror pairs such as b and d 25%).
-A mirror image unlike every image of the folder (a digit, a car in profile) costs nothing: flips stay on. They
+A mirror image unlike every image of the folder (a car in profile) costs nothing: flips stay on. They
 add nothing for a test split that faces one way, and help photos of things that face either way.
 A classifier barely above chance cannot tell, and flips stay on: the usual choice for photos. The features are
 scikit-image's HOG of the 32x32 grey image (Dalal and Triggs 2005: 8x8-pixel cells, 9 orientations, 2x2-cell
 blocks), which a mirror changes (a / stroke becomes a \\ one), and a coarse colour thumbnail. Limits: it sees a
 32x32 thumbnail, so a class told apart by fine mirrored detail that 32x32 loses (the handedness of a small object
-in a large photo) passes as mirror-safe; a mirror pair among many classes (b and d among 26 letters) costs the
-whole folder little: the log names the class that lost most.
+in a large photo) passes as mirror-safe; a class with few images cannot reach the per-class test's level, so one
+mirror pair among many small classes may keep flips on: the log names the class hurt most and its p.
 """
 
 from __future__ import annotations
