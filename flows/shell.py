@@ -6,6 +6,7 @@ Returns the exit code and the last lines, so a failure can be reported with the 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import subprocess
 import sys
@@ -28,6 +29,14 @@ def stage_env() -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("DVC_NO_ANALYTICS", "1")
+    # The flow run a stage belongs to, for the MLflow run its gate logs (tasks/release/tracking.py): a worker's flow
+    # process has PREFECT__FLOW_RUN_ID already; a flow run started in this process does not.
+    with contextlib.suppress(Exception):
+        from prefect import runtime
+
+        if runtime.flow_run.id:
+            env.setdefault("PREFECT__FLOW_RUN_ID", str(runtime.flow_run.id))
+            env.setdefault("IMAGEPIPE_FLOW_RUN_URL", str(runtime.flow_run.ui_url or ""))
     return env
 
 

@@ -43,6 +43,7 @@ from tasks.core.paths import BASELINE_METRICS, BASELINE_ONNX
 from tasks.core.provenance import project_root, stage_code
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import load_manifest
+from tasks.release import tracking
 from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
 from tasks.release.parity import Check
 from tasks.release.production import (
@@ -306,6 +307,7 @@ def _main(p: Params) -> int:
         baseline_scores_path=p.paths.runs / "check_regression" / "baseline_scores.json",
         environment_record=p.paths.environment / "check_regression.json",
     )
+    tracking.mirror(p)  # one MLflow run per record, pass or fail; a broken store costs a warning, never the gate
     if verdict.passed:
         log.info("%s", verdict.summary())
         return 0

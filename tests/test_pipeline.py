@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -9,11 +10,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from tasks.core.provenance import recomputed
+from tasks.release import tracking
 from tasks.training.precision import NATIVE_BF16_ENV, cpu_has_native_bf16
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import (
@@ -64,6 +67,35 @@ def test_second_repro_changes_nothing(repo: Path) -> None:
     assert "test scores of models/model.onnx reused from runs/check_regression/scores.json" in out + proc.stderr
     assert (repo / "dvc.lock").read_text() == before
     assert stale_stages(repo) == {}
+
+
+def mlflow_runs(repo: Path) -> list[Any]:
+    """The runs of the project's experiment table (mlflow.db beside it), newest first."""
+    client = tracking.client(f"sqlite:///{repo / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("imagepipe")
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
+
+
+def test_every_run_that_reaches_the_gate_is_one_mlflow_run(repo: Path) -> None:
+    """The fixture's `dvc repro` logged one run; a no-op repro adds none; `dvc exp run -S train.lr=0.05` (in DVC's
+    temporary copy) adds one, carrying 0.05, the commit it ran from and the data it read."""
+    committed_record(repo)
+    before = mlflow_runs(repo)
+    metrics = json.loads((repo / "reports/metrics.json").read_text())
+    assert before and before[0].data.metrics["test_accuracy"] == pytest.approx(metrics["accuracy"])
+    assert before[0].data.params["train.lr"] == "0.01" and before[0].data.tags["source"] == "dvc repro"
+    dvc("repro", cwd=repo)
+    assert [r.info.run_id for r in mlflow_runs(repo)] == [r.info.run_id for r in before]
+    experiment = dvc("exp", "run", "--temp", "-S", "train.lr=0.05", cwd=repo)
+    after = mlflow_runs(repo)
+    assert len(after) == len(before) + 1, experiment.stdout + experiment.stderr
+    run = after[0]
+    manifest = hashlib.sha256((repo / "data/shards/manifest.json").read_bytes()).hexdigest()
+    head = sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
+    assert run.data.params["train.lr"] == "0.05" and run.data.tags["source"] == "dvc exp run"
+    assert run.data.tags["dvc.experiment"] and run.data.tags["git.commit"] == head
+    assert run.data.tags["data.manifest_sha256"] == manifest and "test_accuracy" in run.data.metrics
+    assert json.loads((repo / "reports/metrics.json").read_text()) == metrics  # --temp: the workspace untouched
 
 
 @pytest.mark.slow  # 48 s; identical weights from the same params: tests/stages/test_train.py

@@ -42,8 +42,8 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "export": ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
     "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests
 }
-# Imported by stage code but writing no byte of any output: progress bars on stderr, and DVC's state (read).
-WRITES_NO_OUTPUT = ("tqdm", "dvc")
+# Imported by stage code but writing no byte of any output: progress bars on stderr, DVC's state (read), MLflow.
+WRITES_NO_OUTPUT = ("tqdm", "dvc", "mlflow")  # mlflow: the gate mirrors the record into the experiment table
 
 # /proc/cpuinfo flags that make torch (ATen, oneDNN) or onnxruntime pick other kernels: x86's `flags`, then
 # aarch64's `Features` (NEON dot product, half precision, SVE, bf16 and int8 matrix instructions).

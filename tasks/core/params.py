@@ -14,6 +14,7 @@ from typing import Annotated, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from tasks.core.experiment_params import SweepParams, TrackingParams
 from tasks.core.param_errors import describe_errors
 from tasks.core.paths import Paths
 
@@ -448,6 +449,8 @@ class Params(Section):
     export: ExportParams = ExportParams()
     regression: RegressionParams = RegressionParams()
     serve: ServeParams = ServeParams()
+    tracking: TrackingParams = TrackingParams()
+    sweep: SweepParams = SweepParams()
 
 
 def parse_params(raw: object, source: str = "params.yaml") -> Params:

@@ -25,6 +25,7 @@ from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
 from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
 from tasks.images.shards import MANIFEST, load_manifest
+from tasks.release import tracking
 from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
 from tasks.release.production import BASELINE_TEST_SET, load_verified_model
 from tasks.tools.record import record_refusal
@@ -127,6 +128,7 @@ def _main(params: Params) -> None:
         shard_dir=paths.shards,
         baseline_dir=paths.baseline,
     )
+    tracking.register_production(params, paths.baseline / BASELINE_ONNX, result.onnx_sha256)  # mirrors baseline/
     if not result.passed_gate:
         log.warning(
             "note: this model failed the gate against the previous baseline (%s, or another test set); "

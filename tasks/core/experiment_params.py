@@ -1,0 +1,68 @@
+"""params.yaml's `tracking` (the MLflow table) and `sweep` (the Optuna study) sections: read by no stage of
+dvc.yaml, so changing them reruns nothing. The sweep checks its space against params.yaml before any trial
+(flows/sweep/space.py): a key must name a value params.yaml has, and both ends must be values that key takes."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TrackingParams(_Section):
+    experiment: str = Field("imagepipe", min_length=1, description="the MLflow experiment every run is logged to")
+    registered_model: str = Field(
+        "imagepipe", min_length=1, description="make promote registers the promoted ONNX here, alias `production`"
+    )
+    ui_port: int = Field(5000, ge=1, le=65535, description="make experiments: the MLflow UI on 127.0.0.1:<ui_port>")
+
+
+class SearchRange(_Section):
+    """A searched value: `low`..`high` (ints: an integer range; `log`: log scale), or `choices`."""
+
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple[str | int | float | bool, ...] | None = None
+    integer: bool = Field(False, description="set from low/high being whole numbers in params.yaml")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind(cls, raw: object) -> object:
+        if isinstance(raw, dict) and "low" in raw and "high" in raw and "integer" not in raw:
+            both = [raw["low"], raw["high"]]
+            raw = {**raw, "integer": all(isinstance(v, int) and not isinstance(v, bool) for v in both)}
+        return raw
+
+    @model_validator(mode="after")
+    def _shape(self) -> SearchRange:
+        if self.choices is not None:
+            if self.low is not None or self.high is not None or not self.choices:
+                raise ValueError("give either choices (a non-empty list) or low and high, not both")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("give low and high (or choices)")
+        if not self.low < self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log scale needs low > 0, got {self.low}")
+        return self
+
+
+class SweepParams(_Section):
+    study: str = Field(
+        "default", pattern=r"^[A-Za-z0-9_.-]+$", description="runs/sweep/<study>.journal: same name resumes"
+    )
+    trials: int = Field(12, ge=1, description="trials in the study (make sweep TRIALS=...)")
+    parallel: int = Field(1, ge=1, description="trials at once (make sweep PARALLEL=...); 1 on one 2-core machine")
+    sampler_seed: int = Field(0, ge=0, description="TPE's seed: a sweep run one trial at a time is repeatable")
+    pruner: Literal["median", "hyperband", "none"] = Field("median", description="on per-epoch validation accuracy")
+    startup_trials: int = Field(3, ge=0, description="median: trials that finish before any is pruned")
+    warmup_epochs: int = Field(2, ge=0, description="median: epochs every trial trains before it can be pruned")
+    seeds: int = Field(1, ge=1, description="> 1: the best configurations rerun with this many seeds (mean, spread)")
+    rerun_top: int = Field(2, ge=1, description="seeds > 1: how many of the best configurations rerun")
+    space: dict[str, SearchRange] = Field(default_factory=dict, description="dotted params.yaml key -> range")

@@ -1,0 +1,51 @@
+"""`make experiments`: the MLflow UI over this project's experiment table, on 127.0.0.1:<tracking.ui_port>, offline.
+
+The store is the one the stages log to (tasks/release/tracking.py): MLFLOW_TRACKING_URI when set, else
+mlflow.db beside the project. Every run that reached the gate is a row, with its params, metrics and lineage
+tags (git.commit, data.manifest_sha256, env.precision, prefect.flow_run_url, ...); a sweep is a parent run with
+its trials as children; make promote's model is the registry's alias `production`. Ctrl-C stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from tasks.core.cli import stage_main
+from tasks.core.errors import StageError
+from tasks.core.params import Params
+from tasks.release import tracking
+
+log = logging.getLogger(__name__)
+
+
+def command(params: Params, root: Path) -> list[str]:
+    uri = tracking.tracking_uri(root)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        raise StageError(f"no experiment table yet: {uri.removeprefix('sqlite:///')} does not exist; it is written by "
+                         "the first run that reaches the gate (make run)")  # fmt: skip
+    port = params.tracking.ui_port
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise StageError(f"port {port} on 127.0.0.1 is taken (tracking.ui_port in params.yaml): stop what "
+                             "listens there, or change the port")  # fmt: skip
+    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+            "--port", str(port), "--workers", "1"]  # fmt: skip
+
+
+def _main(params: Params) -> None:
+    args = command(params, Path.cwd())
+    log.info("MLflow UI on http://127.0.0.1:%d over %s (Ctrl-C stops it)", params.tracking.ui_port, args[5])
+    sys.stdout.flush()
+    os.execv(args[0], args)
+
+
+def main() -> None:
+    stage_main("experiments", _main)
+
+
+if __name__ == "__main__":
+    main()

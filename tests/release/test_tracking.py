@@ -1,0 +1,148 @@
+"""The experiment table: one MLflow run per record, keyed by the record's outputs; a broken store never fails
+a run; the registry's `production` alias follows make promote. Real MLflow on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.core.params import load_params
+from tasks.release import tracking
+from tests.helpers.project import ROOT
+
+pytestmark = pytest.mark.fast
+
+
+def _project(root: Path, accuracy: float = 0.9) -> Path:
+    """The files a finished run leaves that the table reads: params.yaml and the reports."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ROOT / "params.yaml", root / "params.yaml")
+    reports = root / "reports"
+    (reports / "environment").mkdir(parents=True, exist_ok=True)
+    per_class = {"a": {"f1": 0.8, "precision": 0.8, "recall": 0.8, "support": 5}}
+    files = {
+        "metrics.json": {"accuracy": accuracy, "macro_f1": 0.8, "loss": 0.3, "per_class": per_class},
+        "export.json": {
+            "agreement": 1.0,
+            "max_abs_diff": 1e-6,
+            "onnx_int8": {"agreement": 0.99, "accuracy_drop": 0.01},
+        },
+        "gate.json": {"verdict": "pass", "passed": True, "enforced": True},
+        "regression.json": {"verdict": "pass"},
+        "train_run.json": {"run": "r1"},
+        "train_history.json": [
+            {"epoch": 1, "val_accuracy": 0.5, "lr": 0.1},
+            {"epoch": 2, "val_accuracy": 0.7, "lr": 0.0},
+        ],
+        "export_timings.json": {"latency_ms_median": {"batch_1": {"onnx_fp32": 5.0, "onnx_int8": 1.5}}},
+        "environment/train.json": {
+            "precision": "bf16",
+            "cpu": {"torch_capability": "AVX512"},
+            "libraries": {"torch": "2.14.1"},
+        },
+    }
+    for name, content in files.items():
+        (reports / name).write_text(json.dumps(content))
+    (reports / "regression.md").write_text("# Regression check\n")
+    return root
+
+
+def _runs(uri: str) -> list:
+    client = tracking.client(uri)
+    experiment = client.get_experiment_by_name("imagepipe")
+    return [] if experiment is None else client.search_runs([experiment.experiment_id])
+
+
+def test_a_record_is_one_run_logged_once_and_a_changed_record_is_another(tmp_path: Path, monkeypatch) -> None:
+    root = _project(tmp_path / "proj")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = load_params(root / "params.yaml")
+    first = tracking.mirror(params, root)
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    runs = _runs(uri)
+    assert first and [r.info.run_id for r in runs] == [first]
+    run = runs[0]
+    assert run.data.metrics["test_accuracy"] == 0.9 and run.data.metrics["int8_accuracy_drop"] == 0.01
+    assert run.data.metrics["latency_ms_batch1.onnx_int8"] == 1.5 and run.data.metrics["f1.a"] == 0.8
+    assert run.data.params["train.lr"] == "auto" and run.data.params["seed"] == "42"
+    assert run.data.tags["env.precision"] == "bf16" and run.data.tags["gate.verdict"] == "pass"
+    history = tracking.client(uri).get_metric_history(first, "val_accuracy")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5), (2, 0.7)]
+    artifacts = {a.path for a in tracking.client(uri).list_artifacts(first, "reports")}
+    assert artifacts == {"reports/regression.md"}  # the PNGs this fake run lacks are skipped
+    assert (root / "mlartifacts").is_dir()  # beside the store, not wherever the run's working directory was
+
+    assert tracking.mirror(params, root) == first  # a no-op rerun: the same outputs, the same run
+    (root / "runs" / "tracking" / "logged.json").unlink()  # without the local note, the store's key finds it
+    assert tracking.mirror(params, root) == first and len(_runs(uri)) == 1
+
+    _project(root, accuracy=0.95)  # a rerun that changed something
+    second = tracking.mirror(params, root)
+    assert second != first and len(_runs(uri)) == 2
+
+
+def test_mlflow_tracking_uri_takes_precedence(tmp_path: Path, monkeypatch) -> None:
+    root = _project(tmp_path / "proj")
+    elsewhere = tmp_path / "shared" / "store.db"
+    elsewhere.parent.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
+    assert tracking.mirror(load_params(root / "params.yaml"), root)
+    assert elsewhere.is_file() and not (root / "mlflow.db").exists()
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("store", ["unreachable server", "not a database"])
+def test_a_broken_store_costs_one_warning_never_the_run(tmp_path: Path, monkeypatch, caplog, store: str) -> None:
+    root = _project(tmp_path / "proj")
+    if store == "unreachable server":
+        uri = f"http://127.0.0.1:{_closed_port()}"
+    else:
+        garbage = tmp_path / "broken.db"
+        garbage.write_bytes(b"this is not SQLite" * 100)
+        uri = f"sqlite:///{garbage}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="tasks.release.tracking"):
+        assert tracking.mirror(load_params(root / "params.yaml"), root) is None
+    warnings = [
+        r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name == "tasks.release.tracking"
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: MLflow store {uri} not written"), warnings
+    assert "record (dvc.lock, reports/) is complete" in warnings[0]
+    assert time.monotonic() - started < 60  # no minutes of retries
+
+
+def test_promote_registers_the_onnx_with_the_production_alias(tmp_path: Path, monkeypatch) -> None:
+    root = _project(tmp_path / "proj")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = load_params(root / "params.yaml")
+    onnx = root / "baseline" / "model.onnx"
+    onnx.parent.mkdir()
+    onnx.write_bytes(b"onnx one")
+    assert tracking.register_production(params, onnx, "sha-one", root) == "1"
+    assert tracking.register_production(params, onnx, "sha-one", root) == "1"  # the same model: the same version
+    onnx.write_bytes(b"onnx two")
+    _project(root, accuracy=0.95)
+    assert tracking.register_production(params, onnx, "sha-two", root) == "2"
+    client = tracking.client(f"sqlite:///{root / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("imagepipe", "production")
+    assert str(version.version) == "2" and version.tags["onnx_sha256"] == "sha-two"
+    assert version.source.endswith("/model/model.onnx") and version.run_id == _runs(client.tracking_uri)[0].info.run_id
+
+
+def test_a_dvc_temp_experiment_logs_to_the_project_beside_it() -> None:
+    assert tracking.project_root(Path("/work/proj/.dvc/tmp/exps/tmpab12cd")) == Path("/work/proj")
+    assert tracking.project_root(Path("/work/proj/.dvc/tmp/exps/tmpab12cd/sub")) == Path("/work/proj")
+    assert tracking.project_root(Path("/work/proj")) == Path("/work/proj")
