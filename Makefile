@@ -14,6 +14,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
 .PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced reproduce push pull
+.PHONY: experiments sweep
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 # The pins are for Python 3.11: another Python is refused before a venv is made (pip would fail minutes later).
@@ -130,6 +131,23 @@ add-weights: setup
 promote: setup
 	ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.promote
 	$(BIN)/dvc repro --single-item check_regression
+
+# The experiment table: the MLflow UI on 127.0.0.1:<tracking.ui_port> (params.yaml), offline, over mlflow.db beside
+# the project (or MLFLOW_TRACKING_URI). Every run that reached the gate is one row with its lineage; a sweep is a
+# parent with its trials as children; make promote's model is the registry's alias `production` (docs: Experiments).
+experiments: setup
+	$(BIN)/python -m tasks.tools.experiments
+
+# An Optuna study over params.yaml's sweep.space, each trial a DVC experiment in its own temporary copy, run by the
+# sweep-flow (flows/sweep_flow.py) on the project's Prefect server when it answers, else on a temporary one.
+# TRIALS= the study's size, PARALLEL= trials at once, STUDY= its name (runs/sweep/<study>.journal; the same
+# command resumes a killed sweep). It prints the best trial and its `dvc exp apply` line.
+sweep: setup
+	@source scripts/prefect-env.sh; \
+	if ! curl -fsS -o /dev/null --max-time 3 "$$PREFECT_API_URL/health" 2>/dev/null; then \
+		echo "(no Prefect server answers at $$PREFECT_API_URL: the sweep runs on a temporary one; make prefect-server keeps its runs)"; \
+		unset PREFECT_API_URL; fi; \
+	$(BIN)/python -m flows.sweep_flow $(if $(TRIALS),--trials "$(TRIALS)") $(if $(PARALLEL),--parallel "$(PARALLEL)") $(if $(STUDY),--study "$(STUDY)")
 
 lint: setup
 	$(BIN)/ruff check tasks flows serving tests bench

@@ -1,0 +1,145 @@
+"""make sweep: an Optuna study whose trials are DVC experiments in their own copies, on a real Prefect server,
+real DVC and real MLflow, in a tiny project. The space is checked before any trial; a second sweep of the same
+study is refused; a pruned trial leaves nothing; the best trial can be applied with `dvc exp apply`."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.sweep import report
+from flows.sweep.space import SpaceError, check_space
+from flows.sweep.study import SweepBusy, open_study, study_lock
+from tasks.core.experiment_params import SearchRange
+from tasks.core.params import load_params
+from tasks.release import tracking
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import ROOT, commit, dvc, make_project, sh
+
+SPACE = {"train.lr": {"low": 0.000001, "high": 0.2, "log": True}}
+
+
+def _space(raw: dict[str, Any]) -> dict[str, SearchRange]:
+    return {k: SearchRange.model_validate(v) for k, v in raw.items()}
+
+
+@pytest.mark.fast
+def test_a_space_that_params_yaml_does_not_take_is_refused_in_one_line() -> None:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    check_space(raw, load_params(ROOT / "params.yaml").sweep.space)  # the shipped space passes
+    cases = {
+        "train.learning_rate": ({"low": 0.01, "high": 0.1}, "params.yaml has no key train.learning_rate"),
+        "train.optimizer": ({"low": 0, "high": 1}, "train.optimizer=0 from its integer range is not a value"),
+        "train.augment.crop_padding": ({"low": 0.5, "high": 4.5}, "crop_padding=0.5 from its range is not a value"),
+        "train.arch": ({"choices": ["resnet18", "vgg"]}, "train.arch='vgg' from its choice is not a value"),
+    }
+    for key, (spec, words) in cases.items():
+        with pytest.raises(SpaceError, match=words.replace("(", r"\(")) as caught:
+            check_space(raw, _space({key: spec}))
+        assert "\n" not in str(caught.value)
+    for bad in ({"low": 0.1, "high": 0.01}, {"low": 0.0, "high": 1.0, "log": True}, {"low": 1}):
+        with pytest.raises(ValueError):
+            SearchRange.model_validate(bad)
+
+
+@pytest.mark.fast
+def test_a_second_sweep_of_the_same_study_is_refused_and_a_dead_ones_lock_is_free(tmp_path: Path) -> None:
+    with study_lock(tmp_path, "s"):
+        with pytest.raises(SweepBusy, match=r"sweep 's' is already running \(pid \d+"), study_lock(tmp_path, "s"):
+            pass
+        with study_lock(tmp_path, "other"):  # another study is another lock
+            pass
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+        "from flows.sweep.study import study_lock\n"
+        "with study_lock(Path(sys.argv[2]), 's'):\n print('held', flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(ROOT), str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    with pytest.raises(SweepBusy), study_lock(tmp_path, "s"):
+        pass
+    holder.kill()  # kill -9: the kernel frees the lock
+    holder.wait()
+    with study_lock(tmp_path, "s"):
+        pass
+
+
+@pytest.mark.fast
+def test_a_difference_smaller_than_the_seed_spread_is_within_noise() -> None:
+    marks = report.noise_marks({"a": [0.90, 0.92, 0.94], "b": [0.91, 0.90, 0.92], "c": [0.80, 0.81, 0.79]})
+    assert marks["a"] == "best" and marks["b"] == "within noise" and marks["c"].startswith("worse by 0.1200")
+    assert report.noise_marks({"a": [0.9], "b": [0.8]})["b"].endswith("(one seed: spread unknown)")
+
+
+@pytest.mark.fast
+def test_bad_trials_or_parallel_are_refused_in_one_line() -> None:
+    for flag, value in (("--trials", "0"), ("--trials", "three"), ("--parallel", "-2")):
+        proc = subprocess.run([sys.executable, "-m", "flows.sweep_flow", flag, value], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        name = flag.removeprefix("--").upper()
+        assert (
+            proc.returncode == 2
+            and proc.stderr == f"error: {name}={value} is not a positive integer: make sweep {name}=3\n"
+        )
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A committed tiny run on a 3-colour folder that a good learning rate learns within an epoch."""
+    root = tmp_path_factory.mktemp("sweep")
+    source = make_imagefolder(root / "images", classes=3, per_class=50)
+    repo = make_project(root / "repo", {
+        "data": {"source": str(source)},
+        "train": {"epochs": 3, "batch_size": 8, "lr": 0.05, "warmup_epochs": 0},
+        "export": {"formats": ["onnx"]},
+        "sweep": {"trials": 2, "pruner": "median", "startup_trials": 1, "warmup_epochs": 0},
+    })  # fmt: skip
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["sweep"]["space"] = SPACE  # only the learning rate
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dvc("repro", cwd=repo)
+    commit(repo, "the run record")
+    return repo
+
+
+@pytest.mark.slow  # 2 trials of a tiny pipeline each, about 2 minutes
+def test_a_sweep_runs_trials_as_experiments_prunes_and_names_the_best(project: Path, prefect_api: None) -> None:
+    from flows.sweep_flow import sweep_flow
+
+    params = load_params(project / "params.yaml")
+    study = open_study(project / "runs", params.sweep, 3)
+    study.enqueue_trial({"train.lr": 0.08})  # learns the colours in an epoch (0.05 ran: DVC would restore it)
+    study.enqueue_trial({"train.lr": 0.000001})  # does not: pruned before its last epoch
+    before = (project / "params.yaml").read_text(), sh(["git", "status", "--porcelain"], cwd=project).stdout
+    with contextlib.chdir(project):
+        result = sweep_flow(trials=2)
+    assert result["best"] == "default-t000" and result["values"] == {"train.lr": 0.08}
+    trials = {t.number: t for t in open_study(project / "runs", params.sweep, 3).get_trials()}
+    assert trials[0].state.name == "COMPLETE" and trials[1].state.name == "PRUNED"
+    assert sorted(trials[1].intermediate_values) == [1, 2]  # stopped at the epoch where it was pruned, before 3
+    # The workspace never saw a trial: params.yaml, git status, no copy left behind.
+    assert ((project / "params.yaml").read_text(), sh(["git", "status", "--porcelain"], cwd=project).stdout) == before
+    assert not [p for p in (project / "runs/sweep/default").iterdir() if p.is_dir()]
+    # DVC: the finished trial is an experiment of this repository; the pruned one is none.
+    shown = dvc("exp", "show", "--json", cwd=project).stdout
+    assert "default-t000" in shown and "default-t001" not in shown
+    # MLflow: a parent run with both trials as children, the pruned one recorded as pruned.
+    client = tracking.client(f"sqlite:///{project / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("imagepipe").experiment_id])
+    parent = next(r for r in runs if r.data.tags.get(report.PARENT_TAG) == "default")
+    children = {
+        r.data.tags.get("sweep.trial"): r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    assert set(children) == {"default:0", "default:1"}
+    assert children["default:1"].data.tags["sweep.state"] == "pruned"
+    assert children["default:0"].data.params["train.lr"] == "0.08" and parent.data.tags["sweep.best"] == "default-t000"
+    # The best trial applies as any experiment: its params and its model, from the shared cache.
+    dvc("exp", "apply", "default-t000", cwd=project)
+    assert yaml.safe_load((project / "params.yaml").read_text())["train"]["lr"] == 0.08
+    assert dvc("status", cwd=project).returncode == 0
