@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import dvc.api
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger, runtime, task
 from prefect.states import Failed, State
 
 from flows.artifacts import publish_integrity_failure, publish_nightly, publish_no_baseline
@@ -41,6 +41,7 @@ from flows.drift import (
 from flows.shell import refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
+from tasks.release import tracking
 from tasks.release.inference import ModelIntegrityError
 from tasks.release.production import (
     ProductionModel,
@@ -176,6 +177,8 @@ def regression_flow(revision: str | None = None, server: str | None = None) -> d
         f"baseline: {params.paths.baseline / BASELINE_METRICS}",
     ]
     publish_nightly(verdict, notes)
+    flow_run = (str(runtime.flow_run.id), str(runtime.flow_run.ui_url or ""))
+    tracking.nightly(params, repo, metrics, verdict.status, verdict.passed, model.expected_sha256, flow_run)
     table = format_table(verdict)
     logger.info("%s", table)
     if not verdict.passed:

@@ -17,7 +17,7 @@ from typing import Any
 
 from flows.sweep.trial import TrialResult
 from tasks.core.experiment_params import SearchRange
-from tasks.release import tracking
+from tasks.release import mlflow_store
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,8 @@ def _warn(what: str, exc: Exception) -> None:
 def parent_run(uri: str, experiment: str, study: str, journal: Path) -> str | None:
     """The sweep's parent run: the one this study already has (a resumed sweep), or a new one."""
     try:
-        client = tracking.client(uri)
-        exp_id = tracking.experiment_id(client, experiment, uri)
+        client = mlflow_store.client(uri)
+        exp_id = mlflow_store.experiment_id(client, experiment, uri)
         found = client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{study}'", max_results=1)
         if found:
             client.update_run(found[0].info.run_id, status="RUNNING")
@@ -58,8 +58,8 @@ def log_unfinished(uri: str, experiment: str, parent: str | None, study: str, re
     from mlflow.entities import Metric, Param
 
     try:
-        client = tracking.client(uri)
-        exp_id = tracking.experiment_id(client, experiment, uri)
+        client = mlflow_store.client(uri)
+        exp_id = mlflow_store.experiment_id(client, experiment, uri)
         tags = {
             "sweep.trial": f"{study}:{result.number}",
             "sweep.state": result.state,
@@ -85,7 +85,7 @@ def close_parent(uri: str, parent: str | None, best: TrialResult | None, plot: P
     from mlflow.entities import Metric, Param
 
     try:
-        client = tracking.client(uri)
+        client = mlflow_store.client(uri)
         if best is not None and best.val_accuracy is not None:
             now = client.get_run(parent).info.start_time
             metrics = [Metric("best_val_accuracy", best.val_accuracy, now, 0)]

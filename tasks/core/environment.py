@@ -43,7 +43,13 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
     "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests
 }
 # Imported by stage code but writing no byte of any output: progress bars on stderr, DVC's state (read), MLflow.
-WRITES_NO_OUTPUT = ("tqdm", "dvc", "mlflow")  # mlflow: the gate mirrors the record into the experiment table
+WRITES_NO_OUTPUT = (
+    "tqdm",
+    "dvc",
+    "mlflow",
+    "mlflow-skinny",
+    "mlflow-tracing",
+)  # mlflow: the gate mirrors the record into the experiment table
 
 # /proc/cpuinfo flags that make torch (ATen, oneDNN) or onnxruntime pick other kernels: x86's `flags`, then
 # aarch64's `Features` (NEON dot product, half precision, SVE, bf16 and int8 matrix instructions).

@@ -21,9 +21,6 @@ import logging
 import os
 import re
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +30,11 @@ from tasks.core.environment import dvc_experiment
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.nested import flatten
 from tasks.core.params import PARAMS_FILE, Params
+from tasks.release.mlflow_store import KEY_TAG, Record, client, log_record, quiet_http
 
 log = logging.getLogger(__name__)
 
 DB_FILE = "mlflow.db"
-ARTIFACTS_DIR = "mlartifacts"
-KEY_TAG = "imagepipe.record_key"
 PARENT_ENV = "IMAGEPIPE_MLFLOW_PARENT"  # the sweep's parent run: its trials' runs become its children
 TRIAL_ENV = "IMAGEPIPE_SWEEP_TRIAL"  # the sweep's trial number, a tag of the trial's run
 FLOW_RUN_URL_ENV = "IMAGEPIPE_FLOW_RUN_URL"  # the Prefect flow run's page (flows/shell.py sets it for its stages)
@@ -57,26 +53,6 @@ def project_root(cwd: Path | None = None) -> Path:
 def tracking_uri(root: Path) -> str:
     """MLFLOW_TRACKING_URI when set, else MLflow's default store: SQLite `mlflow.db` beside the project."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / DB_FILE).resolve()}"
-
-
-def _artifact_location(uri: str) -> str | None:
-    """For a SQLite store, artifacts go beside it (not into the working directory, which may be a temp copy)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_DIR).resolve().as_uri()
-    return None
-
-
-@dataclass
-class Record:
-    """One pipeline run as MLflow sees it."""
-
-    key: str
-    name: str
-    params: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
-    tags: dict[str, str] = field(default_factory=dict)
-    artifacts: list[Path] = field(default_factory=list)
 
 
 def record_key(files: list[Path]) -> str:
@@ -127,26 +103,24 @@ def _read(path: Path) -> Any:
     return read_json(path) if path.is_file() else None
 
 
-def gather(p: Params, root: Path) -> Record:
-    """The record of the run in `root`, read from its reports (nothing is recomputed)."""
-    paths = p.paths
-    files = [paths.metrics, paths.export_report, paths.regression_json, paths.gate, paths.train_run]
-    key = record_key([root / f for f in files])
-    metrics = _read(root / paths.metrics) or {}
-    export = _read(root / paths.export_report) or {}
-    gate = _read(root / paths.gate) or {}
-    timings = _read(root / paths.export_timings) or {}
+def flat_params(root: Path) -> dict[str, str]:
+    """params.yaml flattened, named as `dvc exp show` names them (train.lr, train.augment.hflip, ...)."""
     raw = yaml.safe_load((root / PARAMS_FILE).read_text()) or {}
-    params = {
-        k: json.dumps(v) if isinstance(v, (list, dict)) else "" if v is None else str(v)
-        for k, v in flatten(raw).items()
-    }
-    out: dict[str, float] = {}
-    for name in ("accuracy", "macro_f1", "macro_precision", "macro_recall", "loss"):
-        if isinstance(metrics.get(name), (int, float)):
-            out[f"test_{name}"] = float(metrics[name])
+    return {k: json.dumps(v) if isinstance(v, (list, dict)) else "" if v is None else str(v)
+            for k, v in flatten(raw).items()}  # fmt: skip
+
+
+def test_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {f"test_{name}": float(metrics[name]) for name in ("accuracy", "macro_f1", "macro_precision", "macro_recall",
+           "loss") if isinstance(metrics.get(name), (int, float))}  # fmt: skip
     for cls, row in (metrics.get("per_class") or {}).items():
-        out[_metric_name(f"f1.{cls}")] = float(row["f1"])
+        if isinstance(row, dict) and isinstance(row.get("f1"), (int, float)):
+            out[_metric_name(f"f1.{cls}")] = float(row["f1"])
+    return out
+
+
+def export_metrics(export: dict[str, Any], timings: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
     if "agreement" in export:
         out["onnx_agreement"] = float(export["agreement"])
         out["onnx_max_abs_diff"] = float(export.get("max_abs_diff", 0.0))
@@ -157,12 +131,16 @@ def gather(p: Params, root: Path) -> Record:
     for runtime, ms in ((timings.get("latency_ms_median") or {}).get("batch_1") or {}).items():
         if isinstance(ms, (int, float)):
             out[_metric_name(f"latency_ms_batch1.{runtime}")] = float(ms)
-    if "passed" in gate:
-        out["gate_passed"] = 1.0 if gate["passed"] else 0.0
-    tags = {KEY_TAG: key, "gate.verdict": str(gate.get("verdict", "none")), **git_tags(root, paths.reports)}
+    return out
+
+
+def lineage_tags(p: Params, root: Path, flow_run: tuple[str, str] | None = None) -> dict[str, str]:
+    """Where a run came from: git, DVC experiment, data, the environment record, the Prefect flow run."""
+    paths = p.paths
+    tags = git_tags(root, paths.reports)
     experiment = dvc_experiment()
     tags["dvc.experiment"] = experiment or ""
-    prefect = os.environ.get("PREFECT__FLOW_RUN_ID")
+    prefect = flow_run[0] if flow_run else os.environ.get("PREFECT__FLOW_RUN_ID")
     sweep = os.environ.get(TRIAL_ENV)
     tags["source"] = "make sweep" if sweep else "dvc exp run" if experiment else "prefect" if prefect else "dvc repro"
     manifest_path = root / paths.shards / "manifest.json"
@@ -171,86 +149,60 @@ def gather(p: Params, root: Path) -> Record:
         tags["data.test_sha256"] = test_set_sha256(read_json(manifest_path))
     tags["data.source"] = str(p.data.source)
     train_env = _read(root / paths.environment / "train.json") or {}
+    cpu = train_env.get("cpu") or {}
     tags["env.precision"] = str(train_env.get("precision", ""))
-    tags["env.cpu"] = str((train_env.get("cpu") or {}).get("torch_capability", ""))
-    tags["env.cpu_flags"] = " ".join((train_env.get("cpu") or {}).get("flags", []))
+    tags["env.cpu"] = str(cpu.get("torch_capability", ""))
+    tags["env.cpu_flags"] = " ".join(cpu.get("flags", []))
     tags["env.torch"] = str((train_env.get("libraries") or {}).get("torch", ""))
     tags["env.device"] = str(train_env.get("device", ""))
     if prefect:
         tags["prefect.flow_run_id"] = prefect
         api = os.environ.get("PREFECT_API_URL", "").removesuffix("/api")
-        url = os.environ.get(FLOW_RUN_URL_ENV) or (f"{api.rstrip('/')}/runs/flow-run/{prefect}" if api else "")
+        url = (flow_run[1] if flow_run else os.environ.get(FLOW_RUN_URL_ENV)) or (
+            f"{api.rstrip('/')}/runs/flow-run/{prefect}" if api else ""
+        )
         if url:
             tags["prefect.flow_run_url"] = url
     if sweep:
         tags["sweep.trial"] = sweep
         tags["sweep.state"] = "complete"
+    return tags
+
+
+def gather(p: Params, root: Path) -> Record:
+    """The record of the run in `root`, read from its reports (nothing is recomputed)."""
+    paths = p.paths
+    key = record_key([root / f for f in (paths.metrics, paths.export_report, paths.regression_json, paths.gate,
+                                         paths.train_run)])  # fmt: skip
+    gate = _read(root / paths.gate) or {}
+    metrics = test_metrics(_read(root / paths.metrics) or {})
+    metrics |= export_metrics(_read(root / paths.export_report) or {}, _read(root / paths.export_timings) or {})
+    if "passed" in gate:
+        metrics["gate_passed"] = 1.0 if gate["passed"] else 0.0
+    tags = {KEY_TAG: key, "gate.verdict": str(gate.get("verdict", "none")), **lineage_tags(p, root)}
     history = _read(root / paths.train_history) or []
     artifacts = [root / f for f in (paths.confusion_png, paths.errors_gallery, paths.train_curves, paths.regression_md)]
-    name = experiment or f"{tags['source'].replace(' ', '-')}-{key[:8]}"
-    return Record(key, name, params, out, history, tags, [a for a in artifacts if a.is_file()])
+    name = tags["dvc.experiment"] or f"{tags['source'].replace(' ', '-')}-{key[:8]}"
+    return Record(key, name, flat_params(root), metrics, history, tags, [a for a in artifacts if a.is_file()])
 
 
-@contextmanager
-def _quiet_http() -> Iterator[None]:
-    """A remote store that does not answer: fail in seconds, not after MLflow's minutes of retries."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+def nightly(
+    p: Params, root: Path, metrics: dict[str, Any], verdict: str, passed: bool, onnx_sha256: str,
+    flow_run: tuple[str, str] | None = None,
+) -> str | None:  # fmt: skip
+    """regression-flow's check of the production model as one run (keyed by the model, its scores and the verdict,
+    so a night on which nothing changed adds none). One warning line when the store fails."""
     try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-
-
-def client(uri: str) -> Any:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
-
-
-def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
-    found = mlflow_client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    return mlflow_client.create_experiment(name, artifact_location=_artifact_location(uri))
-
-
-def find_run(mlflow_client: Any, exp_id: str, key: str) -> str | None:
-    runs = mlflow_client.search_runs([exp_id], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
-    return runs[0].info.run_id if runs else None
-
-
-def log_record(record: Record, uri: str, experiment: str, *, parent: str | None = None) -> tuple[str, bool]:
-    """(run id, whether it is new): the run already logged under the record's key, or a new one."""
-    from mlflow.entities import Metric, Param
-
-    mlflow_client = client(uri)
-    exp_id = experiment_id(mlflow_client, experiment, uri)
-    existing = find_run(mlflow_client, exp_id, record.key)
-    if existing:
-        return existing, False
-    tags = dict(record.tags)
-    if parent:
-        tags["mlflow.parentRunId"] = parent
-    run = mlflow_client.create_run(exp_id, run_name=record.name, tags=tags)
-    run_id = run.info.run_id
-    params = [Param(k, v[:6000]) for k, v in record.params.items()]
-    now = run.info.start_time
-    metrics = [Metric(k, v, now, 0) for k, v in record.metrics.items()]
-    for row in record.history:
-        step = int(row.get("epoch", 0))
-        metrics += [
-            Metric(k, float(v), now, step) for k, v in row.items() if k != "epoch" and isinstance(v, (int, float))
-        ]
-    for i in range(0, max(len(params), len(metrics)), 100):  # MLflow takes at most 100 params per batch
-        mlflow_client.log_batch(run_id, metrics=metrics[i : i + 100], params=params[i : i + 100])
-    for path in record.artifacts:
-        mlflow_client.log_artifact(run_id, str(path), artifact_path="reports")
-    mlflow_client.set_terminated(run_id, "FINISHED" if record.metrics.get("gate_passed", 0.0) else "FAILED")
-    return run_id, True
+        scored = json.dumps([onnx_sha256, verdict, metrics], sort_keys=True, default=str)
+        key = hashlib.sha256(scored.encode()).hexdigest()
+        tags = {KEY_TAG: key, "gate.verdict": verdict, **lineage_tags(p, root, flow_run), "source": "regression-flow",
+                "production.onnx_sha256": onnx_sha256}  # fmt: skip
+        values = {**test_metrics(metrics), "gate_passed": 1.0 if passed else 0.0}
+        record = Record(key, f"nightly-{key[:8]}", flat_params(root), values, [], tags, [])
+        return _log(p, root, record)
+    except Exception as exc:  # noqa: BLE001 - the table mirrors the record; it never fails the run
+        _warn(tracking_uri(project_root(root)), exc)
+        return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -262,38 +214,35 @@ def _marker(p: Params, root: Path) -> Path:
     return root / p.paths.runs / "tracking" / "logged.json"
 
 
+def _warn(uri: str, exc: BaseException) -> None:
+    log.warning("warning: MLflow store %s not written (%s: %s); the run's record (dvc.lock, reports/) is complete "
+                "without it", uri, type(exc).__name__, _first_line(exc))  # fmt: skip
+
+
+def _log(p: Params, root: Path, record: Record) -> str:
+    """The record's run id: the one logged already (this workspace's note, or the store's key), or a new one."""
+    uri = tracking_uri(project_root(root))
+    marker = _marker(p, root)
+    known = (_read(marker) or {}).get(uri, {})
+    local_db = uri.startswith("sqlite:///") and Path(uri.removeprefix("sqlite:///")).is_file()
+    if record.key in known and (local_db or not uri.startswith("sqlite:///")):
+        log.info("MLflow: this record is run %s in %s already (nothing changed)", known[record.key], uri)
+        return known[record.key]
+    with quiet_http():
+        run_id, new = log_record(record, uri, p.tracking.experiment, parent=os.environ.get(PARENT_ENV) or None)
+    write_json(marker, {**(_read(marker) or {}), uri: {**known, record.key: run_id}})
+    log.info("MLflow: %s run %s (%s) in %s; `make experiments` shows the table",
+             "logged" if new else "this record is", run_id, record.name, uri)  # fmt: skip
+    return run_id
+
+
 def mirror(p: Params, root: Path | None = None) -> str | None:
     """Log this run's record as one MLflow run, once; one warning line when the store fails. Returns the run id."""
     root = root or Path.cwd()
-    home = project_root(root)
-    uri = tracking_uri(home)
     try:
-        record = gather(p, root)
-        marker = _marker(p, root)
-        known = (_read(marker) or {}).get(uri, {})
-        local_db = uri.startswith("sqlite:///") and Path(uri.removeprefix("sqlite:///")).is_file()
-        if record.key in known and (local_db or not uri.startswith("sqlite:///")):
-            log.info("MLflow: this record is run %s in %s already (nothing changed)", known[record.key], uri)
-            return known[record.key]
-        with _quiet_http():
-            run_id, new = log_record(record, uri, p.tracking.experiment, parent=os.environ.get(PARENT_ENV) or None)
-        write_json(marker, {**(_read(marker) or {}), uri: {**known, record.key: run_id}})
-        log.info(
-            "MLflow: %s run %s (%s) in %s; `make experiments` shows the table",
-            "logged" if new else "this record is",
-            run_id,
-            record.name,
-            uri,
-        )
-        return run_id
+        return _log(p, root, gather(p, root))
     except Exception as exc:  # noqa: BLE001 - the table mirrors the record; it never fails the run
-        log.warning(
-            "warning: MLflow store %s not written (%s: %s); the run's record (dvc.lock, reports/) is complete "
-            "without it",
-            uri,
-            type(exc).__name__,
-            _first_line(exc),
-        )
+        _warn(tracking_uri(project_root(root)), exc)
         return None
 
 
@@ -302,7 +251,7 @@ def register_production(p: Params, onnx: Path, onnx_sha256: str, root: Path | No
     root = root or Path.cwd()
     uri = tracking_uri(project_root(root))
     try:
-        with _quiet_http():
+        with quiet_http():
             run_id = mirror(p, root)
             if run_id is None:
                 return None

@@ -299,3 +299,21 @@ def test_a_nightly_run_against_a_drifting_server_ends_in_drift_and_notifies(
         assert received, "the drift automation sent nothing to the webhook within 60 s"
         text = json.loads(received[0])["text"]
         assert "Drift" in text and "_psi " in text and "regression-flow" in text, text
+
+
+def test_each_nightly_check_is_one_mlflow_run_and_an_unchanged_night_adds_none(
+    promoted_project: Path, prefect_api: None
+) -> None:
+    from tasks.release import tracking
+
+    for _ in range(2):
+        assert nightly(promoted_project).is_completed()
+    client = tracking.client(f"sqlite:///{promoted_project / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("imagepipe").experiment_id])
+    nights = [r for r in runs if r.data.tags.get("source") == "regression-flow"]
+    assert len(nights) == 1, [r.data.tags for r in runs]
+    onnx_sha256 = sha256_file(promoted_project / "baseline" / "model.onnx")
+    assert (
+        nights[0].data.tags["production.onnx_sha256"] == onnx_sha256 and nights[0].data.tags["gate.verdict"] == "pass"
+    )
+    assert "test_accuracy" in nights[0].data.metrics and nights[0].data.tags["prefect.flow_run_id"]
