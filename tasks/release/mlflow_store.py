@@ -59,7 +59,9 @@ def experiment_id(mlflow_client: Any, name: str, uri: str) -> str:
     found = mlflow_client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return mlflow_client.create_experiment(name, artifact_location=_artifact_location(uri))
+    # A model-training experiment: MLflow's UI opens it on the runs table, not on its GenAI traces overview
+    tags = {"mlflow.experimentKind": "custom_model_development"}
+    return mlflow_client.create_experiment(name, artifact_location=_artifact_location(uri), tags=tags)
 
 
 def find_run(mlflow_client: Any, exp_id: str, key: str) -> str | None:

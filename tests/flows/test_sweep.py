@@ -5,6 +5,8 @@ study is refused; a pruned trial leaves nothing; the best trial can be applied w
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +145,72 @@ def test_a_sweep_runs_trials_as_experiments_prunes_and_names_the_best(project: P
     dvc("exp", "apply", "default-t000", cwd=project)
     assert yaml.safe_load((project / "params.yaml").read_text())["train"]["lr"] == 0.08
     assert dvc("status", cwd=project).returncode == 0
+
+
+def _sweep(project: Path, study: str, trials: int) -> subprocess.Popen[str]:
+    """`make sweep`'s command in its own process (a temporary Prefect server of its own), output line by line."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env["PREFECT_HOME"] = str(project / ".prefect")
+    command = [sys.executable, "-m", "flows.sweep_flow", "--trials", str(trials), "--study", study]
+    return subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], words: str, seen: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if words in line:
+            return
+    raise AssertionError(f"{words!r} never came:\n{''.join(seen[-40:])}")
+
+
+def _processes_in(folder: Path, name: str) -> list[int]:
+    """pids of processes whose command line has `name` and whose working directory is under `folder`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if (
+                name in (proc / "cmdline").read_bytes().decode(errors="replace")
+                and folder in (proc / "cwd").resolve().parents
+            ):
+                found.append(int(proc.name))
+    return found
+
+
+def _states(project: Path, study: str) -> dict[int, str]:
+    params = load_params(project / "params.yaml").sweep.model_copy(update={"study": study})
+    return {t.number: t.state.name for t in open_study(project / "runs", params, 3).get_trials()}
+
+
+@pytest.mark.slow  # about 3 minutes: three trials of a tiny pipeline
+def test_kill_9_of_a_trial_fails_it_and_the_sweep_goes_on(project: Path) -> None:
+    status = sh(["git", "status", "--porcelain"], cwd=project).stdout
+    sweep, seen = _sweep(project, "killed-trial", 2), []
+    _wait_for(sweep, "[killed-trial-t000] [train] epoch 1:", seen)
+    victims = _processes_in(project / "runs/sweep/killed-trial", "tasks.train")
+    assert victims, "no train process of trial 0 found"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out, _ = sweep.communicate(timeout=900)
+    assert sweep.returncode == 0, "".join(seen) + out
+    assert _states(project, "killed-trial") == {0: "FAIL", 1: "COMPLETE", 2: "COMPLETE"}, out
+    assert "best trial: killed-trial-t00" in out and "dvc exp apply killed-trial-t00" in out
+    assert sh(["git", "status", "--porcelain"], cwd=project).stdout == status
+    assert not [p for p in (project / "runs/sweep/killed-trial").iterdir() if p.is_dir()]
+
+
+@pytest.mark.slow  # about 3 minutes
+def test_a_killed_sweep_resumes_with_the_same_command_and_retries_the_running_trial(project: Path) -> None:
+    sweep, seen = _sweep(project, "resumed", 1), []
+    _wait_for(sweep, "[resumed-t000] [train] epoch 1:", seen)
+    values = [line for line in seen if "trial resumed-t000: {" in line][0].split("trial resumed-t000: ", 1)[1].strip()
+    sweep.kill()  # kill -9 of the sweep: its trial's processes are orphans, its copy stays behind
+    sweep.wait()
+    assert _states(project, "resumed") == {0: "RUNNING"}
+    again = _sweep(project, "resumed", 1)
+    out, _ = again.communicate(timeout=900)
+    assert again.returncode == 0, out
+    assert "removed 1 trial copies a killed sweep left" in out and "trials [0] were running when it stopped" in out
+    assert f"trial resumed-t001: {values}" in out  # the same values, run again
+    assert _states(project, "resumed") == {0: "FAIL", 1: "COMPLETE"}
+    assert not _processes_in(project / "runs/sweep/resumed", "tasks.")
