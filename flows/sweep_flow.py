@@ -44,6 +44,11 @@ from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 from tasks.release import tracking
 
 ARTIFACT_KEY = "sweep-comparison"
+MAX_FAILURES_IN_A_ROW = 3  # then the sweep stops, naming the last failure: a broken pipeline fails every trial
+
+
+class TrialsFailing(RuntimeError):
+    """Every trial fails: the pipeline itself is broken at HEAD (the message carries the last trial's log)."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +208,10 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
     logger = get_run_logger()
     running: dict[int, tuple[optuna.Trial, Any]] = {}
     results: list[TrialResult] = []
+    failures = 0  # in a row: a failed trial is replaced, but not forever
     while counted(study) + len(running) < sweep.trials or running:
-        while len(running) < sweep.parallel and counted(study) + len(running) < sweep.trials:
+        while (len(running) < sweep.parallel and counted(study) + len(running) < sweep.trials
+               and failures < MAX_FAILURES_IN_A_ROW):  # fmt: skip
             trial = study.ask()
             values = suggest(trial, sweep.space)
             name = f"{sweep.study}-t{trial.number:03d}"
@@ -213,6 +220,8 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
             future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial)
             running[trial.number] = (trial, future)
         done = [n for n, (_, f) in running.items() if f.state.is_final()]
+        if not running:  # nothing asked: the trials keep failing
+            raise TrialsFailing(f"{failures} trials in a row failed; the last: {results[-1].message}")
         if not done:
             time.sleep(1.0)
             continue
@@ -230,6 +239,7 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
                 result.seconds,
                 result.message.splitlines()[0] if result.message else "",
             )
+            failures = failures + 1 if result.state == "failed" else 0
             if result.state == "failed":
                 logger.warning("trial %s failed:\n%s", result.name, result.message)
     return results
@@ -352,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     except (SpaceError, ParamsError, SweepBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except TrialsFailing as exc:
+        print(f"error: sweep stopped: {exc}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

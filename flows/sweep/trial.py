@@ -34,6 +34,7 @@ from flows.sweep.space import set_args
 from tasks.core.io import read_json
 
 EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
+PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
 _FETCH = threading.Lock()  # one `git fetch` into this repository at a time
 
 
@@ -175,7 +176,8 @@ def run_trial(
                 if not line:
                     continue
                 tail = [*tail[-29:], line]
-                log(f"[{result.name}] {line}")
+                if not PROGRESS.search(line) or "100%|" in line:  # a progress bar: its last redraw only
+                    log(f"[{result.name}] {line}")
                 match = EPOCH_LINE.search(line)
                 if match:
                     accuracy = float(match.group(2))

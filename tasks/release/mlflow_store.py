@@ -33,6 +33,7 @@ class Record:
     history: list[dict[str, Any]] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)
     artifacts: list[Path] = field(default_factory=list)
+    started: int | None = None  # ms since the epoch: when the run's first stage that ran began (None: now)
 
 
 @contextmanager
@@ -81,7 +82,7 @@ def log_record(record: Record, uri: str, experiment: str, *, parent: str | None 
     tags = dict(record.tags)
     if parent:
         tags["mlflow.parentRunId"] = parent
-    run = mlflow_client.create_run(exp_id, run_name=record.name, tags=tags)
+    run = mlflow_client.create_run(exp_id, run_name=record.name, tags=tags, start_time=record.started)
     run_id = run.info.run_id
     params = [Param(k, v[:6000]) for k, v in record.params.items()]
     now = run.info.start_time

@@ -143,6 +143,7 @@ def lineage_tags(p: Params, root: Path, flow_run: tuple[str, str] | None = None)
     prefect = flow_run[0] if flow_run else os.environ.get("PREFECT__FLOW_RUN_ID")
     sweep = os.environ.get(TRIAL_ENV)
     tags["source"] = "make sweep" if sweep else "dvc exp run" if experiment else "prefect" if prefect else "dvc repro"
+    tags["mlflow.source.name"], tags["mlflow.source.type"] = tags["source"], "LOCAL"  # the UI's Source column
     manifest_path = root / paths.shards / "manifest.json"
     if manifest_path.is_file():
         tags["data.manifest_sha256"] = sha256_file(manifest_path)
@@ -169,6 +170,13 @@ def lineage_tags(p: Params, root: Path, flow_run: tuple[str, str] | None = None)
     return tags
 
 
+def _started(records: Path) -> int | None:
+    """When this run began: the environment stage writes its records first on every `dvc repro`, so the oldest of
+    them dates the run (the MLflow table's Created and Duration columns)."""
+    stamps = [f.stat().st_mtime for f in records.glob("*.json")] if records.is_dir() else []
+    return int(min(stamps) * 1000) if stamps else None
+
+
 def gather(p: Params, root: Path) -> Record:
     """The record of the run in `root`, read from its reports (nothing is recomputed)."""
     paths = p.paths
@@ -183,7 +191,9 @@ def gather(p: Params, root: Path) -> Record:
     history = _read(root / paths.train_history) or []
     artifacts = [root / f for f in (paths.confusion_png, paths.errors_gallery, paths.train_curves, paths.regression_md)]
     name = tags["dvc.experiment"] or f"{tags['source'].replace(' ', '-')}-{key[:8]}"
-    return Record(key, name, flat_params(root), metrics, history, tags, [a for a in artifacts if a.is_file()])
+    record = Record(key, name, flat_params(root), metrics, history, tags, [a for a in artifacts if a.is_file()])
+    record.started = _started(root / paths.environment)
+    return record
 
 
 def nightly(

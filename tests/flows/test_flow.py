@@ -78,6 +78,17 @@ def test_train_flow_runs_every_stage_through_dvc(trained: dict[str, Any]) -> Non
     assert all(tasks[name].state.is_completed() for name in load_stages(repo))
 
 
+def test_a_train_flow_run_is_one_mlflow_run_that_names_its_flow_run(trained: dict[str, Any]) -> None:
+    from tasks.release import tracking
+
+    client = tracking.client(f"sqlite:///{trained['repo'] / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("imagepipe").experiment_id])
+    assert len(runs) == 1, [r.data.tags for r in runs]
+    tags = runs[0].data.tags
+    assert tags["source"] == "prefect" and tags["prefect.flow_run_id"] == str(trained["run_id"])
+    assert tags["prefect.flow_run_url"].endswith(f"/runs/flow-run/{trained['run_id']}")
+
+
 def test_each_stage_task_waits_for_exactly_its_upstream_stages(trained: dict[str, Any]) -> None:
     """The edges the Prefect UI draws: every stage's task run lists its upstream stages' runs as inputs."""
     runs = [run for run in api_task_runs(trained["run_id"]) if run.name in load_stages(trained["repo"])]

@@ -100,7 +100,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "data": {"source": str(source)},
         "train": {"epochs": 3, "batch_size": 8, "lr": 0.05, "warmup_epochs": 0},
         "export": {"formats": ["onnx"]},
-        "sweep": {"trials": 2, "pruner": "median", "startup_trials": 1, "warmup_epochs": 0},
+        "sweep": {"trials": 2, "pruner": "median", "startup_trials": 1, "warmup_epochs": 0, "seeds": 2,
+                  "rerun_top": 1},
     })  # fmt: skip
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["sweep"]["space"] = SPACE  # only the learning rate
@@ -138,9 +139,14 @@ def test_a_sweep_runs_trials_as_experiments_prunes_and_names_the_best(project: P
     children = {
         r.data.tags.get("sweep.trial"): r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
     }
-    assert set(children) == {"default:0", "default:1"}
+    assert set(children) == {"default:0", "default:1", "default:0:seed43"}
     assert children["default:1"].data.tags["sweep.state"] == "pruned"
     assert children["default:0"].data.params["train.lr"] == "0.08" and parent.data.tags["sweep.best"] == "default-t000"
+    # sweep.seeds 2: the best configuration ran again with seed 43, and the table gives its mean and spread
+    rerun = next(r for r in runs if r.data.tags.get("sweep.trial") == "default:0:seed43")
+    assert rerun.data.params["seed"] == "43" and rerun.data.params["train.lr"] == "0.08"
+    table = client.download_artifacts(parent.info.run_id, "comparison.md")
+    assert " ± " in Path(table).read_text() and "(2)" in Path(table).read_text()
     # The best trial applies as any experiment: its params and its model, from the shared cache.
     dvc("exp", "apply", "default-t000", cwd=project)
     assert yaml.safe_load((project / "params.yaml").read_text())["train"]["lr"] == 0.08
