@@ -38,7 +38,7 @@ from flows.drift import (
     unread_message,
     unread_nights,
 )
-from flows.shell import refuse_overriding_env
+from flows.shell import flow_run_url, refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
 from tasks.release import tracking
@@ -177,7 +177,7 @@ def regression_flow(revision: str | None = None, server: str | None = None) -> d
         f"baseline: {params.paths.baseline / BASELINE_METRICS}",
     ]
     publish_nightly(verdict, notes)
-    flow_run = (str(runtime.flow_run.id), str(runtime.flow_run.ui_url or ""))
+    flow_run = (str(runtime.flow_run.id), flow_run_url(runtime.flow_run.id))
     tracking.nightly(params, repo, metrics, verdict.status, verdict.passed, model.expected_sha256, flow_run)
     table = format_table(verdict)
     logger.info("%s", table)

@@ -23,6 +23,13 @@ class CommandResult:
     tail: str
 
 
+def flow_run_url(flow_run_id: object) -> str:
+    """The flow run's page in the Prefect UI (Prefect's own url_for), or "" when no UI URL is known."""
+    from prefect.utilities.urls import url_for
+
+    return url_for("flow-run", obj_id=str(flow_run_id)) or ""
+
+
 def stage_env() -> dict[str, str]:
     """dvc.yaml's `python -m tasks.<stage>` must find this interpreter's environment first."""
     env = dict(os.environ)
@@ -36,7 +43,7 @@ def stage_env() -> dict[str, str]:
 
         if runtime.flow_run.id:
             env.setdefault("PREFECT__FLOW_RUN_ID", str(runtime.flow_run.id))
-            env.setdefault("IMAGEPIPE_FLOW_RUN_URL", str(runtime.flow_run.ui_url or ""))
+            env.setdefault("IMAGEPIPE_FLOW_RUN_URL", flow_run_url(runtime.flow_run.id))
     return env
 
 

@@ -168,7 +168,7 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
     update = {k: v for k, v in (("trials", trials), ("parallel", parallel), ("study", study_name)) if v is not None}
-    sweep = params.sweep.model_copy(update=update)
+    sweep = SweepParams.model_validate({**params.sweep.model_dump(), **update})  # a deployment's values checked too
     check_space(yaml.safe_load((repo / PARAMS_FILE).read_text()) or {}, sweep.space)  # before any trial
     commit = _git(repo, "rev-parse", "HEAD")
     if _git(repo, "status", "--porcelain", "--untracked-files=no", "--", "params.yaml", "tasks", "dvc.yaml"):
@@ -193,6 +193,9 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
                 sweep.study,
                 retried,
             )
+        # The sweep's own MLflow calls fail in seconds on an unreachable server, as the gate's do (mlflow_store)
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         parent = report.parent_run(uri, params.tracking.experiment, sweep.study, runs / "sweep")
         cores = os.cpu_count() or 1
         extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 else []
@@ -219,7 +222,7 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
             logger.info("trial %s: %s", name, values)
             future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial)
             running[trial.number] = (trial, future)
-        done = [n for n, (_, f) in running.items() if f.state.is_final()]
+        done = [n for n, (_, f) in running.items() if f.wrapped_future.done()]  # local threads: no API polling
         if not running:  # nothing asked: the trials keep failing
             raise TrialsFailing(f"{failures} trials in a row failed; the last: {results[-1].message}")
         if not done:

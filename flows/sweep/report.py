@@ -55,9 +55,9 @@ def parent_run(uri: str, experiment: str, study: str, journal: Path) -> str | No
 
 def log_unfinished(uri: str, experiment: str, parent: str | None, study: str, result: TrialResult) -> None:
     """A pruned or failed trial as a child run: its values, its epochs' validation accuracy, its state."""
-    from mlflow.entities import Metric, Param
-
     try:
+        from mlflow.entities import Metric, Param
+
         client = mlflow_store.client(uri)
         exp_id = mlflow_store.experiment_id(client, experiment, uri)
         tags = {
@@ -82,9 +82,9 @@ def log_unfinished(uri: str, experiment: str, parent: str | None, study: str, re
 def close_parent(uri: str, parent: str | None, best: TrialResult | None, plot: Path | None, table: str) -> None:
     if parent is None:
         return
-    from mlflow.entities import Metric, Param
-
     try:
+        from mlflow.entities import Metric, Param
+
         client = mlflow_store.client(uri)
         if best is not None and best.val_accuracy is not None:
             now = client.get_run(parent).info.start_time

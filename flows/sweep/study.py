@@ -78,7 +78,10 @@ def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
         study_name=params.study,
         storage=storage,
         direction=DIRECTION,
-        sampler=optuna.samplers.TPESampler(seed=params.sampler_seed),
+        # Optuna's default of 10 random trials first would leave a 12-trial study 2 guided ones: a third, 2 to 10
+        sampler=optuna.samplers.TPESampler(
+            seed=params.sampler_seed, n_startup_trials=min(10, max(2, params.trials // 3))
+        ),
         pruner=pruner(params, epochs),
         load_if_exists=True,
     )

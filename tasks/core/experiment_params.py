@@ -1,6 +1,7 @@
-"""params.yaml's `tracking` (the MLflow table) and `sweep` (the Optuna study) sections: read by no stage of
-dvc.yaml, so changing them reruns nothing. The sweep checks its space against params.yaml before any trial
-(flows/sweep/space.py): a key must name a value params.yaml has, and both ends must be values that key takes."""
+"""params.yaml's `tracking` (the MLflow table) and `sweep` (the Optuna study) sections. Only the gate declares
+`tracking` (the experiment it logs to); no stage reads `sweep`, so changing it reruns nothing. The sweep checks
+its space against params.yaml before any trial (flows/sweep/space.py): a key must name a value params.yaml has,
+and both ends must be values that key takes."""
 
 from __future__ import annotations
 

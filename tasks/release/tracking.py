@@ -55,11 +55,13 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / DB_FILE).resolve()}"
 
 
-def record_key(files: list[Path]) -> str:
-    """sha256 over the record's outputs: the same outputs, the same key."""
+def record_key(root: Path, files: list[Path]) -> str:
+    """sha256 over the record's outputs (paths relative to the project): the same outputs, the same key, in any
+    checkout, copy or temporary experiment folder."""
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{path.as_posix()}\0{sha256_file(path) if path.is_file() else '-'}\n".encode())
+    for name in files:
+        path = root / name
+        digest.update(f"{name.as_posix()}\0{sha256_file(path) if path.is_file() else '-'}\n".encode())
     return digest.hexdigest()
 
 
@@ -180,7 +182,7 @@ def _started(records: Path) -> int | None:
 def gather(p: Params, root: Path) -> Record:
     """The record of the run in `root`, read from its reports (nothing is recomputed)."""
     paths = p.paths
-    key = record_key([root / f for f in (paths.metrics, paths.export_report, paths.regression_json, paths.gate,
+    key = record_key(root, [f for f in (paths.metrics, paths.export_report, paths.regression_json, paths.gate,
                                          paths.train_run)])  # fmt: skip
     gate = _read(root / paths.gate) or {}
     metrics = test_metrics(_read(root / paths.metrics) or {})
