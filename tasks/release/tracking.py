@@ -51,8 +51,17 @@ def project_root(cwd: Path | None = None) -> Path:
 
 
 def tracking_uri(root: Path) -> str:
-    """MLFLOW_TRACKING_URI when set, else MLflow's default store: SQLite `mlflow.db` beside the project."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(root / DB_FILE).resolve()}"
+    """MLFLOW_TRACKING_URI when set, else MLflow's default store: SQLite `mlflow.db` beside the project.
+
+    A relative SQLite store in MLFLOW_TRACKING_URI (`sqlite:///mlflow.db`) is taken relative to the project,
+    not to the folder a stage runs in: a `dvc exp run --temp` copy or a sweep trial would otherwise write a
+    store of its own that is deleted with the copy."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return f"sqlite:///{(root / DB_FILE).resolve()}"
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
+        return f"sqlite:///{(root / uri.removeprefix('sqlite:///')).resolve()}"
+    return uri
 
 
 def record_key(root: Path, files: list[Path]) -> str:

@@ -22,8 +22,12 @@ from tasks.release import tracking
 log = logging.getLogger(__name__)
 
 
-def command(params: Params, root: Path) -> list[str]:
+def command(params: Params, root: Path) -> list[str] | None:
+    """The `mlflow ui` command line over this project's store; None when the store is a tracking server, which
+    serves its own UI."""
     uri = tracking.tracking_uri(root)
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise StageError(f"no experiment table yet: {uri.removeprefix('sqlite:///')} does not exist; it is written by "
                          "the first run that reaches the gate (make run)")  # fmt: skip
@@ -38,6 +42,13 @@ def command(params: Params, root: Path) -> list[str]:
 
 def _main(params: Params) -> None:
     args = command(params, Path.cwd())
+    if args is None:
+        log.info(
+            "the experiment table is on the tracking server MLFLOW_TRACKING_URI=%s: open that address in a "
+            "browser (make experiments starts a UI only over a local store)",
+            tracking.tracking_uri(Path.cwd()),
+        )
+        return
     log.info("MLflow UI on http://127.0.0.1:%d over %s (Ctrl-C stops it)", params.tracking.ui_port, args[5])
     sys.stdout.flush()
     os.execv(args[0], args)

@@ -3,9 +3,7 @@ a run; the registry's `production` alias follows make promote. Real MLflow on a 
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -14,43 +12,9 @@ import pytest
 
 from tasks.core.params import load_params
 from tasks.release import tracking
-from tests.helpers.project import ROOT
+from tests.helpers.tracking import finished_project as _project
 
 pytestmark = pytest.mark.fast
-
-
-def _project(root: Path, accuracy: float = 0.9) -> Path:
-    """The files a finished run leaves that the table reads: params.yaml and the reports."""
-    root.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ROOT / "params.yaml", root / "params.yaml")
-    reports = root / "reports"
-    (reports / "environment").mkdir(parents=True, exist_ok=True)
-    per_class = {"a": {"f1": 0.8, "precision": 0.8, "recall": 0.8, "support": 5}}
-    files = {
-        "metrics.json": {"accuracy": accuracy, "macro_f1": 0.8, "loss": 0.3, "per_class": per_class},
-        "export.json": {
-            "agreement": 1.0,
-            "max_abs_diff": 1e-6,
-            "onnx_int8": {"agreement": 0.99, "accuracy_drop": 0.01},
-        },
-        "gate.json": {"verdict": "pass", "passed": True, "enforced": True},
-        "regression.json": {"verdict": "pass"},
-        "train_run.json": {"run": "r1"},
-        "train_history.json": [
-            {"epoch": 1, "val_accuracy": 0.5, "lr": 0.1},
-            {"epoch": 2, "val_accuracy": 0.7, "lr": 0.0},
-        ],
-        "export_timings.json": {"latency_ms_median": {"batch_1": {"onnx_fp32": 5.0, "onnx_int8": 1.5}}},
-        "environment/train.json": {
-            "precision": "bf16",
-            "cpu": {"torch_capability": "AVX512"},
-            "libraries": {"torch": "2.14.1"},
-        },
-    }
-    for name, content in files.items():
-        (reports / name).write_text(json.dumps(content))
-    (reports / "regression.md").write_text("# Regression check\n")
-    return root
 
 
 def _runs(uri: str) -> list:
@@ -95,6 +59,21 @@ def test_mlflow_tracking_uri_takes_precedence(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{elsewhere}")
     assert tracking.mirror(load_params(root / "params.yaml"), root)
     assert elsewhere.is_file() and not (root / "mlflow.db").exists()
+
+
+def test_a_relative_tracking_uri_is_the_projects_even_from_a_dvc_temp_copy(tmp_path: Path, monkeypatch) -> None:
+    """`dvc exp run --temp` and sweep trials run in a copy under the project: a relative store must not follow
+    them there (it would be deleted with the copy)."""
+    root = _project(tmp_path / "proj")
+    copy = root / ".dvc" / "tmp" / "exps" / "tmpabc123"
+    _project(copy)
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///store.db")
+    uri = tracking.tracking_uri(tracking.project_root(copy))
+    name = "store.db"
+    assert uri.endswith(str(root.resolve() / name)) and str(copy) not in uri
+    assert tracking.mirror(load_params(copy / "params.yaml"), copy)
+    assert (root / name).exists() and not (copy / name).exists()
 
 
 def _closed_port() -> int:
