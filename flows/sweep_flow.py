@@ -36,8 +36,8 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.shell import stage_env
 from flows.sweep import report
 from flows.sweep.space import SpaceError, check_space, suggest
-from flows.sweep.study import SweepBusy, counted, open_study, resume, study_lock
-from flows.sweep.trial import TrialResult, clear_leftovers, run_trial
+from flows.sweep.study import SweepBusy, counted, journal_path, open_study, resume, study_lock, study_uid
+from flows.sweep.trial import TrialResult, clear_leftovers, core_slots, run_trial, stop_all
 from tasks.core.experiment_params import SweepParams
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
@@ -60,21 +60,22 @@ class Run:
     commit: str
     epochs: int  # of the committed run: a trial is not pruned at its last epoch
     env: dict[str, str]
-    extra: list[str]  # more -S for every trial (threads when trials share a machine)
+    extra: list[str]  # more -S for every trial (threads, where trials share a machine without CPU affinity)
     uri: str
     experiment: str
     parent: str | None
     seed: int
+    slots: list[list[int]] | None = None  # each running trial's CPUs, when trials share the machine
 
     @property
     def workdir(self) -> Path:
         return self.repo / "runs" / "sweep" / self.sweep.study
 
     def submit(self, name: str, number: int, values: dict[str, Any], seed: int | None, tag: str,
-               trial: optuna.Trial | None) -> Any:  # fmt: skip
+               trial: optuna.Trial | None, cores: list[int] | None = None) -> Any:  # fmt: skip
         env = {**self.env, tracking.TRIAL_ENV: tag}
         return trial_task.submit(str(self.repo), str(self.workdir), name, number, values, seed, self.commit, env,
-                                 trial, self.extra, self.epochs)  # fmt: skip
+                                 trial, self.extra, self.epochs, cores)  # fmt: skip
 
 
 @task(name="sweep-trial", task_run_name="{name}", cache_policy=None)
@@ -90,6 +91,7 @@ def trial_task(
     trial: optuna.Trial | None = None,
     extra_sets: list[str] | None = None,
     epochs: int = 0,
+    cores: list[int] | None = None,
 ) -> TrialResult:
     """One trial, reporting each epoch to its Optuna `trial` and stopped when it says prune (None: a seed rerun,
     which runs to its end)."""
@@ -111,6 +113,7 @@ def trial_task(
         report=prune,
         log=logger.info,
         extra_sets=extra_sets,
+        cores=cores,
     )
     if trial is not None and result.restored:  # its epochs, for the pruner's medians, from the restored history
         for epoch, accuracy in enumerate(result.epochs, start=1):
@@ -196,13 +199,24 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         # The sweep's own MLflow calls fail in seconds on an unreachable server, as the gate's do (mlflow_store)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        parent = report.parent_run(uri, params.tracking.experiment, sweep.study, runs / "sweep")
+        parent = report.parent_run(
+            uri, params.tracking.experiment, sweep.study, study_uid(study), journal_path(runs, sweep.study)
+        )
+        # Trials sharing the machine get disjoint CPUs, so train.threads 0 counts its own and the experiment
+        # that `dvc exp apply` brings back holds only the searched values; without CPU affinity (macOS), threads.
+        slots = core_slots(sweep.parallel) if sweep.parallel > 1 else None
         cores = os.cpu_count() or 1
-        extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 else []
+        extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 and not slots else []
         run = Run(sweep, repo, commit, epochs, _trial_env(uri, parent, sweep.study), extra, uri,
-                  params.tracking.experiment, parent, params.seed)  # fmt: skip
-        results = _run_study(study, run)
-        reruns = _rerun_seeds(study, run)
+                  params.tracking.experiment, parent, params.seed, slots)  # fmt: skip
+        try:
+            results = _run_study(study, run)
+            reruns = _rerun_seeds(study, run)
+        except BaseException:  # Ctrl-C, or the flow failing: no trial outlives the sweep
+            stopped = stop_all()
+            if stopped:
+                logger.warning("stopped %d running trials; the same command retries them", stopped)
+            raise
         return _conclude(study, run, results, reruns, logger)
 
 
@@ -210,6 +224,7 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
     sweep = run.sweep
     logger = get_run_logger()
     running: dict[int, tuple[optuna.Trial, Any]] = {}
+    slot_of: dict[int, int] = {}  # a running trial's slot in run.slots
     results: list[TrialResult] = []
     failures = 0  # in a row: a failed trial is replaced, but not forever
     while counted(study) + len(running) < sweep.trials or running:
@@ -220,7 +235,11 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
             name = f"{sweep.study}-t{trial.number:03d}"
             trial.set_user_attr("name", name)
             logger.info("trial %s: %s", name, values)
-            future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial)
+            cores = None
+            if run.slots:
+                slot_of[trial.number] = min(set(range(len(run.slots))) - set(slot_of.values()))
+                cores = run.slots[slot_of[trial.number]]
+            future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial, cores)
             running[trial.number] = (trial, future)
         done = [n for n, (_, f) in running.items() if f.wrapped_future.done()]  # local threads: no API polling
         if not running:  # nothing asked: the trials keep failing
@@ -230,6 +249,7 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
             continue
         for number in done:
             trial, future = running.pop(number)
+            slot_of.pop(number, None)
             result: TrialResult = future.result()
             results.append(result)
             _tell(study, trial, result)

@@ -21,7 +21,8 @@ from tasks.release import mlflow_store
 
 log = logging.getLogger(__name__)
 
-PARENT_TAG = "sweep.parent"
+PARENT_TAG = "sweep.parent"  # the study's name
+UID_TAG = "sweep.uid"  # the study's identity (its journal's)
 
 
 def _warn(what: str, exc: Exception) -> None:
@@ -33,19 +34,21 @@ def _warn(what: str, exc: Exception) -> None:
     )
 
 
-def parent_run(uri: str, experiment: str, study: str, journal: Path) -> str | None:
-    """The sweep's parent run: the one this study already has (a resumed sweep), or a new one."""
+def parent_run(uri: str, experiment: str, study: str, uid: str, journal: Path) -> str | None:
+    """The sweep's parent run: the one this study already has (a resumed sweep), or a new one. A study is
+    known by its journal's uid, not its name: a study started again after its journal was deleted is a new
+    sweep with a parent of its own."""
     try:
         client = mlflow_store.client(uri)
         exp_id = mlflow_store.experiment_id(client, experiment, uri)
-        found = client.search_runs([exp_id], filter_string=f"tags.`{PARENT_TAG}` = '{study}'", max_results=1)
+        found = client.search_runs([exp_id], filter_string=f"tags.`{UID_TAG}` = '{uid}'", max_results=1)
         if found:
             client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0].info.run_id
         run = client.create_run(
             exp_id,
             run_name=f"sweep {study}",
-            tags={PARENT_TAG: study, "sweep.journal": str(journal), "source": "make sweep"},
+            tags={PARENT_TAG: study, UID_TAG: uid, "sweep.journal": str(journal), "source": "make sweep"},
         )
         return run.info.run_id
     except Exception as exc:  # noqa: BLE001
@@ -60,12 +63,22 @@ def log_unfinished(uri: str, experiment: str, parent: str | None, study: str, re
 
         client = mlflow_store.client(uri)
         exp_id = mlflow_store.experiment_id(client, experiment, uri)
+        trial_tag = f"{study}:{result.number}"
         tags = {
-            "sweep.trial": f"{study}:{result.number}",
+            "sweep.trial": trial_tag,
             "sweep.state": result.state,
             "source": "make sweep",
             "sweep.message": result.message[:5000],
         }
+        # A trial that failed after its gate (its experiment could not be fetched) has its run under this
+        # sweep's parent already: marked failed, not doubled
+        mine = f"tags.`sweep.trial` = '{trial_tag}' and tags.`mlflow.parentRunId` = '{parent}'"
+        logged = client.search_runs([exp_id], filter_string=mine, max_results=1) if parent else []
+        if logged:
+            for key in ("sweep.state", "sweep.message"):
+                client.set_tag(logged[0].info.run_id, key, tags[key])
+            client.set_terminated(logged[0].info.run_id, "FAILED")
+            return
         if parent:
             tags["mlflow.parentRunId"] = parent
         run = client.create_run(exp_id, run_name=result.name, tags=tags)
@@ -83,7 +96,7 @@ def close_parent(uri: str, parent: str | None, best: TrialResult | None, plot: P
     if parent is None:
         return
     try:
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric, RunTag
 
         client = mlflow_store.client(uri)
         if best is not None and best.val_accuracy is not None:
@@ -91,11 +104,10 @@ def close_parent(uri: str, parent: str | None, best: TrialResult | None, plot: P
             metrics = [Metric("best_val_accuracy", best.val_accuracy, now, 0)]
             if best.test_accuracy is not None:
                 metrics.append(Metric("best_test_accuracy", best.test_accuracy, now, 0))
-            params = [Param(f"best.{k}", str(v)) for k, v in best.values.items()]
-            existing = client.get_run(parent).data.params
-            params = [p for p in params if p.key not in existing]  # a param is logged once; a resumed sweep keeps it
-            client.log_batch(parent, metrics=metrics, params=params)
-            client.set_tag(parent, "sweep.best", best.name)
+            # tags, not params: a param is written once, and a resumed sweep may find a better trial
+            tags = [RunTag(f"best.{k}", str(v)) for k, v in best.values.items()]
+            tags.append(RunTag("sweep.best", best.name))
+            client.log_batch(parent, metrics=metrics, tags=tags)
         if plot is not None and plot.is_file():
             client.log_artifact(parent, str(plot))
         client.log_text(parent, table, "comparison.md")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +30,7 @@ from optuna.trial import TrialState
 from tasks.core.experiment_params import SweepParams
 
 DIRECTION = "maximize"  # validation accuracy
+UID = "sweep_uid"
 
 
 class SweepBusy(RuntimeError):
@@ -74,7 +76,7 @@ def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
     path = journal_path(runs, params.study)
     path.parent.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(path)))
-    return optuna.create_study(
+    study = optuna.create_study(
         study_name=params.study,
         storage=storage,
         direction=DIRECTION,
@@ -85,6 +87,14 @@ def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
         pruner=pruner(params, epochs),
         load_if_exists=True,
     )
+    if UID not in study.user_attrs:  # a new journal: a new study, even under an old name
+        study.set_user_attr(UID, uuid.uuid4().hex)
+    return study
+
+
+def study_uid(study: optuna.Study) -> str:
+    """This study's identity, kept in its journal: the same after a resume, new after the journal is deleted."""
+    return str(study.user_attrs[UID])
 
 
 def resume(study: optuna.Study) -> list[int]:

@@ -36,6 +36,8 @@ from tasks.core.io import read_json
 EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
 _FETCH = threading.Lock()  # one `git fetch` into this repository at a time
+_LIVE: set[subprocess.Popen[str]] = set()  # the trials running now (stop_all stops them)
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -138,6 +140,25 @@ def _stop(proc: subprocess.Popen[str], grace_s: float = 20.0) -> None:
             continue
 
 
+def core_slots(parallel: int) -> list[list[int]] | None:
+    """The CPUs of `parallel` trials sharing this machine: disjoint sets, as even as the cores allow (one core
+    each, shared round-robin, when there are fewer cores than trials). None where no CPU affinity can be set."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    return [cores[i::parallel] or [cores[i % len(cores)]] for i in range(parallel)]
+
+
+def stop_all() -> int:
+    """Stop every trial running now (a sweep interrupted with Ctrl-C): their process groups get SIGTERM, then
+    SIGKILL. Each trial's thread then sees it failed and removes its copy. Returns how many were stopped."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        _stop(proc, grace_s=5.0)
+    return len(live)
+
+
 def run_trial(
     repo: Path,
     workdir: Path,
@@ -148,8 +169,10 @@ def run_trial(
     report: Callable[[int, float], bool] | None,
     log: Callable[[str], None],
     extra_sets: list[str] | None = None,
+    cores: list[int] | None = None,
 ) -> TrialResult:
-    """Run the trial to its end, its pruning or its failure; fill in `result` and return it."""
+    """Run the trial to its end, its pruning or its failure; fill in `result` and return it. `cores`: the CPUs
+    its processes may use (trials that share a machine get disjoint ones; train.threads 0 then counts them)."""
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     copy = Path(tempfile.mkdtemp(prefix=f"{result.name}-", dir=workdir))
@@ -171,6 +194,10 @@ def run_trial(
             start_new_session=True,
         ) as proc:
             assert proc.stdout is not None
+            with _LIVE_LOCK:
+                _LIVE.add(proc)
+            if cores:  # before dvc starts a thread or a stage: all of them inherit it
+                os.sched_setaffinity(proc.pid, cores)
             for raw in proc.stdout:
                 line = raw.rstrip().rsplit("\r", 1)[-1]
                 if not line:
@@ -187,6 +214,8 @@ def run_trial(
                         _stop(proc)
                         break
             proc.wait()
+            with _LIVE_LOCK:
+                _LIVE.discard(proc)
         if pruned:
             result.state = "pruned"
             result.message = f"pruned after epoch {len(result.epochs)} (validation accuracy {result.epochs[-1]:.4f})"

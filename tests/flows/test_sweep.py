@@ -17,7 +17,8 @@ import yaml
 
 from flows.sweep import report
 from flows.sweep.space import SpaceError, check_space
-from flows.sweep.study import SweepBusy, open_study, study_lock
+from flows.sweep.study import SweepBusy, open_study, study_lock, study_uid
+from flows.sweep.trial import TrialResult
 from tasks.core.experiment_params import SearchRange
 from tasks.core.params import load_params
 from tasks.release import tracking
@@ -91,6 +92,49 @@ def test_bad_trials_or_parallel_are_refused_in_one_line() -> None:
         )
 
 
+@pytest.mark.fast
+def test_the_parent_run_is_the_studys_own_and_its_best_follows_a_resume(tmp_path: Path) -> None:
+    """A resumed study finds its parent again; a study started over after its journal was deleted gets a new
+    one (same name, new journal); a resume that finds a better trial moves the parent's best."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sweep = load_params(ROOT / "params.yaml").sweep
+    runs = tmp_path / "runs"
+    journal = runs / "sweep" / f"{sweep.study}.journal"
+    first = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    again = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    assert first and again == first
+
+    one = TrialResult(number=0, name="t0", values={"train.lr": 0.01}, seed=None, state="complete", val_accuracy=0.8)
+    report.close_parent(uri, first, one, None, "table")
+    two = TrialResult(number=1, name="t1", values={"train.lr": 0.05}, seed=None, state="complete", val_accuracy=0.9)
+    report.close_parent(uri, first, two, None, "table")  # the resumed sweep's better trial
+    parent = tracking.client(uri).get_run(first)
+    assert parent.data.tags["sweep.best"] == "t1" and parent.data.tags["best.train.lr"] == "0.05"
+    assert parent.data.metrics["best_val_accuracy"] == 0.9
+
+    journal.unlink()
+    fresh = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    assert fresh and fresh != first
+
+
+@pytest.mark.fast
+def test_a_trial_that_fails_after_its_gate_logged_it_is_one_failed_child_not_two(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = tracking.client(uri)
+    old_parent = report.parent_run(uri, "imagepipe", "s", "old-uid", tmp_path / "j")
+    parent = report.parent_run(uri, "imagepipe", "s", "new-uid", tmp_path / "j")
+    exp_id = client.get_experiment_by_name("imagepipe").experiment_id
+    for owner in (old_parent, parent):  # the gate's run of trial 0, in an earlier study of that name and in this one
+        client.create_run(exp_id, tags={"sweep.trial": "s:0", "mlflow.parentRunId": owner, "sweep.state": "complete"})
+    failed = TrialResult(number=0, name="s-t000", values={"train.lr": 0.01}, seed=None, state="failed",
+                         message="git fetch of experiment s-t000 failed")  # fmt: skip
+    report.log_unfinished(uri, "imagepipe", parent, "s", failed)
+    runs = client.search_runs([exp_id], filter_string="tags.`sweep.trial` = 's:0'")
+    states = {r.data.tags["mlflow.parentRunId"]: (r.data.tags["sweep.state"], r.info.status) for r in runs}
+    assert len(runs) == 2 and states[parent] == ("failed", "FAILED")
+    assert states[old_parent] == ("complete", "RUNNING")  # another study's run of the same name is untouched
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A committed tiny run on a 3-colour folder that a good learning rate learns within an epoch."""
@@ -153,11 +197,12 @@ def test_a_sweep_runs_trials_as_experiments_prunes_and_names_the_best(project: P
     assert dvc("status", cwd=project).returncode == 0
 
 
-def _sweep(project: Path, study: str, trials: int) -> subprocess.Popen[str]:
+def _sweep(project: Path, study: str, trials: int, parallel: int = 1) -> subprocess.Popen[str]:
     """`make sweep`'s command in its own process (a temporary Prefect server of its own), output line by line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env["PREFECT_HOME"] = str(project.parent / "prefect-home")  # outside the checkout: its git status is checked
     command = [sys.executable, "-m", "flows.sweep_flow", "--trials", str(trials), "--study", study]
+    command += ["--parallel", str(parallel)]
     return subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -226,3 +271,39 @@ def test_a_killed_sweep_resumes_with_the_same_command_and_retries_the_running_tr
     assert f"trial resumed-t001: {values}" in out  # the same values, run again
     assert _states(project, "resumed") == {0: "FAIL", 1: "COMPLETE"}
     assert not _processes_in(project / "runs/sweep/resumed", "tasks.")
+
+
+@pytest.mark.slow  # about 2 minutes: two trials at once, stopped in their first epoch
+def test_parallel_trials_get_their_own_cores_and_ctrl_c_stops_them_all(project: Path) -> None:
+    """PARALLEL=2: each trial's processes are pinned to their own CPUs (train.threads stays out of the
+    experiment); Ctrl-C of the sweep stops both trials at once and removes their copies, and the journal keeps
+    them RUNNING, so the same command retries them."""
+    status = _status(project)
+    sweep, seen = _sweep(project, "interrupted", 2, parallel=2), []
+    _wait_for(sweep, "[interrupted-t00", seen)  # a trial's first line
+    started = [f"[interrupted-t00{n}] [train] epoch 1:" for n in (0, 1)]
+    while not all(any(words in line for line in seen) for words in started):
+        _wait_for(sweep, "[train] epoch 1:", seen)
+    pids = _processes_in(project / "runs/sweep/interrupted", "tasks.train")
+    assert len(pids) >= 2, "".join(seen)
+    cpus = {pid: os.sched_getaffinity(pid) for pid in pids}
+    mine = os.sched_getaffinity(0)
+    if len(mine) >= 2:
+        by_trial: dict[Path, set[int]] = {}
+        for pid, cores in cpus.items():
+            copy = next(p for p in (Path(f"/proc/{pid}/cwd").resolve(), *Path(f"/proc/{pid}/cwd").resolve().parents)
+                        if p.parent == project / "runs/sweep/interrupted")  # fmt: skip
+            by_trial.setdefault(copy, set()).update(cores)
+        first, second = by_trial.values()
+        assert first and second and not first & second and first | second <= mine, by_trial
+    assert not any("train.threads" in line for line in seen if "dvc exp run" in line or "exp run -n" in line)
+
+    sweep.send_signal(signal.SIGINT)
+    out, _ = sweep.communicate(timeout=120)
+    assert sweep.returncode != 0
+    assert "stopped 2 running trials; the same command retries them" in "".join(seen) + out
+    assert not _processes_in(project / "runs/sweep/interrupted", "tasks.")
+    assert not _processes_in(project / "runs/sweep/interrupted", "dvc")
+    assert not [p for p in (project / "runs/sweep/interrupted").iterdir() if p.is_dir()]
+    assert _states(project, "interrupted") == {0: "RUNNING", 1: "RUNNING"}
+    assert _status(project) == status
