@@ -66,6 +66,7 @@ class Run:
     parent: str | None
     seed: int
     slots: list[list[int]] | None = None  # each running trial's CPUs, when trials share the machine
+    track: bool = True  # tracking.enabled: the sweep's MLflow parent and its unfinished trials
 
     @property
     def workdir(self) -> Path:
@@ -199,8 +200,12 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         # The sweep's own MLflow calls fail in seconds on an unreachable server, as the gate's do (mlflow_store)
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        parent = report.parent_run(
-            uri, params.tracking.experiment, sweep.study, study_uid(study), journal_path(runs, sweep.study)
+        parent = (
+            None
+            if not params.tracking.enabled
+            else report.parent_run(
+                uri, params.tracking.experiment, sweep.study, study_uid(study), journal_path(runs, sweep.study)
+            )
         )
         # Trials sharing the machine get disjoint CPUs, so train.threads 0 counts its own and the experiment
         # that `dvc exp apply` brings back holds only the searched values; without CPU affinity (macOS), threads.
@@ -208,7 +213,7 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         cores = os.cpu_count() or 1
         extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 and not slots else []
         run = Run(sweep, repo, commit, epochs, _trial_env(uri, parent, sweep.study), extra, uri,
-                  params.tracking.experiment, parent, params.seed, slots)  # fmt: skip
+                  params.tracking.experiment, parent, params.seed, slots, params.tracking.enabled)  # fmt: skip
         try:
             results = _run_study(study, run)
             reruns = _rerun_seeds(study, run)
@@ -253,7 +258,7 @@ def _run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
             result: TrialResult = future.result()
             results.append(result)
             _tell(study, trial, result)
-            if result.state != "complete":
+            if result.state != "complete" and run.track:
                 report.log_unfinished(run.uri, run.experiment, run.parent, sweep.study, result)
             logger.info(
                 "trial %s %s in %.0f s: %s",

@@ -76,26 +76,40 @@ def mlflow_runs(repo: Path) -> list[Any]:
     return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"])
 
 
+def set_tracking(repo: Path, enabled: bool) -> None:
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["tracking"]["enabled"] = enabled
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
 def test_every_run_that_reaches_the_gate_is_one_mlflow_run(repo: Path) -> None:
-    """The fixture's `dvc repro` logged one run; a no-op repro adds none; `dvc exp run -S train.lr=0.05` (in DVC's
-    temporary copy) adds one, carrying 0.05, the commit it ran from and the data it read."""
+    """With tracking on (params.yaml as shipped), `dvc repro` logs one run; a no-op repro adds none;
+    `dvc exp run -S train.lr=0.05` (in DVC's temporary copy) adds one, carrying 0.05, the commit it ran from
+    and the data it read. With tracking off (the other tests' projects) a run logs nothing."""
     committed_record(repo)
-    before = mlflow_runs(repo)
-    metrics = json.loads((repo / "reports/metrics.json").read_text())
-    assert before and before[0].data.metrics["test_accuracy"] == pytest.approx(metrics["accuracy"])
-    assert before[0].data.params["train.lr"] == "0.01" and before[0].data.tags["source"] == "dvc repro"
-    dvc("repro", cwd=repo)
-    assert [r.info.run_id for r in mlflow_runs(repo)] == [r.info.run_id for r in before]
-    experiment = dvc("exp", "run", "--temp", "-S", "train.lr=0.05", cwd=repo)
-    after = mlflow_runs(repo)
-    assert len(after) == len(before) + 1, experiment.stdout + experiment.stderr
-    run = after[0]
-    manifest = hashlib.sha256((repo / "data/shards/manifest.json").read_bytes()).hexdigest()
-    head = sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
-    assert run.data.params["train.lr"] == "0.05" and run.data.tags["source"] == "dvc exp run"
-    assert run.data.tags["dvc.experiment"] and run.data.tags["git.commit"] == head
-    assert run.data.tags["data.manifest_sha256"] == manifest and "test_accuracy" in run.data.metrics
-    assert json.loads((repo / "reports/metrics.json").read_text()) == metrics  # --temp: the workspace untouched
+    assert not (repo / "mlflow.db").exists()  # tracking.enabled false: the fixture's run logged nothing
+    set_tracking(repo, enabled=True)
+    try:
+        committed_record(repo)  # only the gate declares tracking: it reruns, logs, and the record is committed
+        before = mlflow_runs(repo)
+        metrics = json.loads((repo / "reports/metrics.json").read_text())
+        assert len(before) == 1 and before[0].data.metrics["test_accuracy"] == pytest.approx(metrics["accuracy"])
+        assert before[0].data.params["train.lr"] == "0.01" and before[0].data.tags["source"] == "dvc repro"
+        dvc("repro", cwd=repo)
+        assert [r.info.run_id for r in mlflow_runs(repo)] == [r.info.run_id for r in before]
+        experiment = dvc("exp", "run", "--temp", "-S", "train.lr=0.05", cwd=repo)
+        after = mlflow_runs(repo)
+        assert len(after) == len(before) + 1, experiment.stdout + experiment.stderr
+        run = after[0]
+        manifest = hashlib.sha256((repo / "data/shards/manifest.json").read_bytes()).hexdigest()
+        head = sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
+        assert run.data.params["train.lr"] == "0.05" and run.data.tags["source"] == "dvc exp run"
+        assert run.data.tags["dvc.experiment"] and run.data.tags["git.commit"] == head
+        assert run.data.tags["data.manifest_sha256"] == manifest and "test_accuracy" in run.data.metrics
+        assert json.loads((repo / "reports/metrics.json").read_text()) == metrics  # --temp: the workspace untouched
+    finally:
+        set_tracking(repo, enabled=False)
+        committed_record(repo)
 
 
 @pytest.mark.slow  # 48 s; identical weights from the same params: tests/stages/test_train.py
@@ -119,6 +133,7 @@ def test_worse_than_baseline_fails_the_pipeline(repo: Path) -> None:
     dvc("repro", cwd=repo)
 
 
+@pytest.mark.slow  # 46 s; own folders of every layout: tests/test_own_data.py (slow), tests/stages/test_layout.py
 def test_users_own_folder_with_other_classes(repo: Path, tmp_path: Path) -> None:
     source = make_imagefolder(tmp_path / "my images", classes=4, per_class=15)
     sh(["git", "add", "-A"], cwd=repo)
@@ -240,6 +255,7 @@ def test_the_ledger_holds_what_dvc_recorded_and_a_pulled_clone_reproduced_nothin
     assert "not recomputed here: evaluate" not in partly.stdout and "partly reproduced: 4 of 5" in partly.stdout
 
 
+@pytest.mark.slow  # 51 s; on a second machine from the remotes: tests/test_reproduce_anywhere.py (slow)
 def test_make_reproduce_recomputes_every_stage_in_a_scratch_worktree(repo: Path) -> None:
     """The committed run, recomputed from its inputs with the run cache off, in a worktree that is gone after;
     this workspace's files, git status and worktrees are as they were."""
@@ -291,7 +307,7 @@ def test_commit_run_refuses_a_partial_run(repo: Path) -> None:
     before = head(repo)
     try:
         changed = yaml.safe_load(params)
-        changed["train"]["lr"] = 0.02
+        changed["train"]["lr"] = 0.05  # the MLflow test's experiment: train, evaluate and export from the run cache
         (repo / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
         dvc("repro", "export", cwd=repo)
         assert json.loads((repo / "reports/gate.json").read_text())["verdict"] == "no baseline"  # stale, still there

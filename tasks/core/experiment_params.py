@@ -15,6 +15,9 @@ class _Section(BaseModel):
 
 
 class TrackingParams(_Section):
+    enabled: bool = Field(
+        True, description="false: no MLflow run is logged (a team on another tracker); DVC keeps the record"
+    )
     experiment: str = Field("imagepipe", min_length=1, description="the MLflow experiment every run is logged to")
     registered_model: str = Field(
         "imagepipe", min_length=1, description="make promote registers the promoted ONNX here, alias `production`"

@@ -213,6 +213,8 @@ def nightly(
 ) -> str | None:  # fmt: skip
     """regression-flow's check of the production model as one run (keyed by the model, its scores and the verdict,
     so a night on which nothing changed adds none). One warning line when the store fails."""
+    if _disabled(p):
+        return None
     try:
         scored = json.dumps([onnx_sha256, verdict, metrics], sort_keys=True, default=str)
         key = hashlib.sha256(scored.encode()).hexdigest()
@@ -257,9 +259,18 @@ def _log(p: Params, root: Path, record: Record) -> str:
     return run_id
 
 
+def _disabled(p: Params) -> bool:
+    if not p.tracking.enabled:
+        log.info("MLflow: not logged (tracking.enabled is false in params.yaml)")
+    return not p.tracking.enabled
+
+
 def mirror(p: Params, root: Path | None = None) -> str | None:
-    """Log this run's record as one MLflow run, once; one warning line when the store fails. Returns the run id."""
+    """Log this run's record as one MLflow run, once; one warning line when the store fails. Returns the run id
+    (None: not logged, with tracking.enabled false or a failed store)."""
     root = root or Path.cwd()
+    if _disabled(p):
+        return None
     try:
         return _log(p, root, gather(p, root))
     except Exception as exc:  # noqa: BLE001 - the table mirrors the record; it never fails the run

@@ -56,7 +56,7 @@ def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict
     from flows.train_flow import train_flow
 
     base = tmp_path_factory.mktemp("flow")
-    repo = make_project(base / "repo", {"regression": {"rules": RULES}})
+    repo = make_project(base / "repo", {"regression": {"rules": RULES}, "tracking": {"enabled": True}})
     flaky_train(repo, base / "train-failed-once")
     state = in_checkout(repo, train_flow, train_retries=1, retry_delay_seconds=0, return_state=True)
     return {"repo": repo, "state": state, "run_id": state.state_details.flow_run_id}

@@ -144,6 +144,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "data": {"source": str(source)},
         "train": {"epochs": 3, "batch_size": 8, "lr": 0.05, "warmup_epochs": 0},
         "export": {"formats": ["onnx"]},
+        "tracking": {"enabled": True},
         "sweep": {"trials": 2, "pruner": "median", "startup_trials": 1, "warmup_epochs": 0, "seeds": 2,
                   "rerun_top": 1},
     })  # fmt: skip

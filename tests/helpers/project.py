@@ -36,6 +36,9 @@ TINY = {
         "int8": {"max_accuracy_drop": 0.25, "min_agreement": 0.5},
         "timing": {"repeats": 3},
     },
+    # The experiment table costs each gate an MLflow import and a write; the tests of the table turn it on
+    # (tests/test_pipeline.py, tests/flows/test_flow.py, tests/flows/test_sweep.py, tests/release/).
+    "tracking": {"enabled": False},
 }
 
 

@@ -52,6 +52,23 @@ def test_a_record_is_one_run_logged_once_and_a_changed_record_is_another(tmp_pat
     assert second != first and len(_runs(uri)) == 2
 
 
+def test_tracking_off_logs_nothing_and_says_so(tmp_path: Path, monkeypatch, caplog) -> None:
+    root = _project(tmp_path / "proj")
+    text = (root / "params.yaml").read_text()
+    assert "  enabled: true" in text
+    (root / "params.yaml").write_text(text.replace("  enabled: true", "  enabled: false", 1))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = load_params(root / "params.yaml")
+    assert params.tracking.enabled is False
+    with caplog.at_level(logging.INFO, logger="tasks.release.tracking"):
+        assert tracking.mirror(params, root) is None
+        assert tracking.nightly(params, root, {"accuracy": 0.9}, "pass", True, "sha") is None
+        assert tracking.register_production(params, root / "reports" / "regression.md", "sha", root) is None
+    assert not (root / "mlflow.db").exists() and not (root / "mlartifacts").exists()
+    said = [r.getMessage() for r in caplog.records if r.name == "tasks.release.tracking"]
+    assert said and all(m == "MLflow: not logged (tracking.enabled is false in params.yaml)" for m in said), said
+
+
 def test_mlflow_tracking_uri_takes_precedence(tmp_path: Path, monkeypatch) -> None:
     root = _project(tmp_path / "proj")
     elsewhere = tmp_path / "shared" / "store.db"
