@@ -20,6 +20,7 @@ import yaml
 from flows.artifacts import KEYS, flatten, stage_reports
 from flows.dag import load_stages
 from tasks.core.io import read_json, sha256_file, write_json
+from tasks.core.params import ExportParams
 from tasks.core.paths import Paths
 from tests.helpers.prefect import RULES, api_artifacts, api_logs, api_task_runs, worsen_onnx
 from tests.helpers.project import ROOT, commit, dvc, make_project, sh, stale_stages
@@ -56,7 +57,11 @@ def trained(prefect_api: None, tmp_path_factory: pytest.TempPathFactory) -> dict
     from flows.train_flow import train_flow
 
     base = tmp_path_factory.mktemp("flow")
-    repo = make_project(base / "repo", {"regression": {"rules": RULES}, "tracking": {"enabled": True}})
+    every_format = list(ExportParams().formats)  # the pipeline's INT8 and TorchScript through DVC and Prefect
+    repo = make_project(
+        base / "repo",
+        {"regression": {"rules": RULES}, "tracking": {"enabled": True}, "export": {"formats": every_format}},
+    )
     flaky_train(repo, base / "train-failed-once")
     state = in_checkout(repo, train_flow, train_retries=1, retry_delay_seconds=0, return_state=True)
     return {"repo": repo, "state": state, "run_id": state.state_details.flow_run_id}

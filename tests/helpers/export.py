@@ -13,7 +13,13 @@ from tests.helpers.project import TINY, deep_update
 # The INT8 gates at their defaults (TINY loosens them for an untrained pipeline model).
 # Four epochs: two (6 steps) learned the colour classes in bf16 but not in fp32, a coin flip.
 PARAMS = Params.model_validate(
-    deep_update(TINY, {"train": {"epochs": 4}, "export": {"int8": ExportParams().int8.model_dump()}})
+    deep_update(
+        TINY,
+        {
+            "train": {"epochs": 4},
+            "export": {"formats": list(ExportParams().formats), "int8": ExportParams().int8.model_dump()},
+        },
+    )
 )
 
 
