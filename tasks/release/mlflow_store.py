@@ -15,11 +15,16 @@ ARTIFACTS_DIR = "mlartifacts"
 KEY_TAG = "imagepipe.record_key"
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a SQLite tracking URI (`sqlite:///relative.db`, `sqlite:////absolute.db`); None for
+    any other store."""
+    return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
 def _artifact_location(uri: str) -> str | None:
     """For a SQLite store, artifacts go beside it (not into the working directory, which may be a temp copy)."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / ARTIFACTS_DIR).resolve().as_uri()
-    return None
+    db = sqlite_file(uri)
+    return (db.parent / ARTIFACTS_DIR).resolve().as_uri() if db is not None else None
 
 
 @dataclass

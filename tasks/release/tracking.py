@@ -30,7 +30,7 @@ from tasks.core.environment import dvc_experiment
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.nested import flatten
 from tasks.core.params import PARAMS_FILE, Params
-from tasks.release.mlflow_store import KEY_TAG, Record, client, log_record, quiet_http
+from tasks.release.mlflow_store import KEY_TAG, Record, client, log_record, quiet_http, sqlite_file
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,9 @@ def tracking_uri(root: Path) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return f"sqlite:///{(root / DB_FILE).resolve()}"
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////") and uri != "sqlite:///:memory:":
-        return f"sqlite:///{(root / uri.removeprefix('sqlite:///')).resolve()}"
+    db = sqlite_file(uri)
+    if db is not None and not db.is_absolute() and db.name != ":memory:":
+        return f"sqlite:///{(root / db).resolve()}"
     return uri
 
 
@@ -247,8 +248,8 @@ def _log(p: Params, root: Path, record: Record) -> str:
     uri = tracking_uri(project_root(root))
     marker = _marker(p, root)
     known = (_read(marker) or {}).get(uri, {})
-    local_db = uri.startswith("sqlite:///") and Path(uri.removeprefix("sqlite:///")).is_file()
-    if record.key in known and (local_db or not uri.startswith("sqlite:///")):
+    db = sqlite_file(uri)
+    if record.key in known and (db is None or db.is_file()):
         log.info("MLflow: this record is run %s in %s already (nothing changed)", known[record.key], uri)
         return known[record.key]
     with quiet_http():

@@ -17,7 +17,7 @@ from pathlib import Path
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.params import Params
-from tasks.release import tracking
+from tasks.release import mlflow_store, tracking
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,10 @@ def command(params: Params, root: Path) -> list[str] | None:
     uri = tracking.tracking_uri(root)
     if uri.startswith(("http://", "https://", "databricks")):
         return None
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        raise StageError(f"no experiment table yet: {uri.removeprefix('sqlite:///')} does not exist; it is written by "
-                         "the first run that reaches the gate (make run)")  # fmt: skip
+    db = mlflow_store.sqlite_file(uri)
+    if db is not None and not db.is_file():
+        raise StageError(f"no experiment table yet: {db} does not exist; it is written by the first run that "
+                         "reaches the gate (make run)")  # fmt: skip
     port = params.tracking.ui_port
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:

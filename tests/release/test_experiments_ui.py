@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,9 @@ from pathlib import Path
 
 from tasks.core.params import load_params
 from tasks.release import tracking
+from tests.helpers.prefect import free_port
 from tests.helpers.project import ROOT
 from tests.helpers.tracking import finished_project
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _experiments(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -40,7 +34,7 @@ def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_i
     """`make experiments` as a user runs it: the real MLflow UI over mlflow.db, its REST API answering with
     the logged run; a missing table, a taken port and a tracking server each get one line."""
     root = finished_project(tmp_path / "proj")
-    port = _free_port()
+    port = free_port()
     text = (root / "params.yaml").read_text()
     assert "ui_port: 5000" in text
     (root / "params.yaml").write_text(text.replace("ui_port: 5000", f"ui_port: {port}"))

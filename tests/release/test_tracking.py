@@ -4,7 +4,6 @@ a run; the registry's `production` alias follows make promote. Real MLflow on a 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from tasks.core.params import load_params
 from tasks.release import tracking
+from tests.helpers.prefect import free_port
 from tests.helpers.tracking import finished_project as _project
 
 pytestmark = pytest.mark.fast
@@ -93,17 +93,11 @@ def test_a_relative_tracking_uri_is_the_projects_even_from_a_dvc_temp_copy(tmp_p
     assert (root / name).exists() and not (copy / name).exists()
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("store", ["unreachable server", "not a database"])
 def test_a_broken_store_costs_one_warning_never_the_run(tmp_path: Path, monkeypatch, caplog, store: str) -> None:
     root = _project(tmp_path / "proj")
     if store == "unreachable server":
-        uri = f"http://127.0.0.1:{_closed_port()}"
+        uri = f"http://127.0.0.1:{free_port()}"
     else:
         garbage = tmp_path / "broken.db"
         garbage.write_bytes(b"this is not SQLite" * 100)
