@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from flows.shell import output
+from tasks.core.git import changed_files, head_commit
 from tasks.core.io import read_json, sha256_file
 from tasks.core.params import Params, section_hash
 from tasks.images.shards import MANIFEST
@@ -33,10 +33,9 @@ def _version(package: str) -> str | None:
 
 def git_state(repo: Path) -> dict[str, Any]:
     """HEAD and the tracked files that differ from it (a run that changed dvc.lock lists it)."""
-    changes = output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
-    changed = [line[3:] for line in (changes or "").splitlines()]
+    changed = changed_files(repo)
     return {
-        "commit": output(["git", "rev-parse", "HEAD"], cwd=repo),
+        "commit": head_commit(repo),
         "changed_files": changed[:MAX_LISTED_CHANGES],
         "dirty": bool(changed),
     }

@@ -63,12 +63,6 @@ def stream(command: Sequence[str], *, cwd: Path, log: Callable[[str], None]) -> 
     return CommandResult(proc.returncode, "\n".join(tail))
 
 
-def output(command: Sequence[str], *, cwd: Path) -> str | None:
-    """stdout of a short query command, or None when it fails (no git repository, no commit yet)."""
-    proc = subprocess.run(list(command), cwd=cwd, env=stage_env(), capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 # Environment variables that change what a production run records or runs: the gate (`dvc exp run`'s
 # DVC_EXP_NAME makes check_regression record a verdict without enforcing it; ALLOW_REGRESSION accepts one),
 # the training hooks (test code loaded into the train stage, and the faults they plant), and the checkout

@@ -19,7 +19,6 @@ import argparse
 import base64
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from flows.sweep.space import SpaceError, check_space, suggest
 from flows.sweep.study import SweepBusy, counted, journal_path, open_study, resume, study_lock, study_uid
 from flows.sweep.trial import TrialResult, clear_leftovers, core_slots, run_trial, stop_all
 from tasks.core.experiment_params import SweepParams
+from tasks.core.git import changed_files, head_commit
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 from tasks.release import tracking
@@ -122,10 +122,6 @@ def trial_task(
     return result
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def _epochs(repo: Path) -> int:
     history = repo / "reports" / "train_history.json"
     try:
@@ -174,8 +170,10 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
     update = {k: v for k, v in (("trials", trials), ("parallel", parallel), ("study", study_name)) if v is not None}
     sweep = SweepParams.model_validate({**params.sweep.model_dump(), **update})  # a deployment's values checked too
     check_space(yaml.safe_load((repo / PARAMS_FILE).read_text()) or {}, sweep.space)  # before any trial
-    commit = _git(repo, "rev-parse", "HEAD")
-    if _git(repo, "status", "--porcelain", "--untracked-files=no", "--", "params.yaml", "tasks", "dvc.yaml"):
+    commit = head_commit(repo)
+    if commit is None:
+        raise RuntimeError(f"{repo} has no git commit: trials are clones of HEAD, so commit the project first")
+    if changed_files(repo, "params.yaml", "tasks", "dvc.yaml"):
         logger.warning(
             "trials start from the commit %s: uncommitted changes to params.yaml, dvc.yaml or tasks/ "
             "are not in them (commit them first to search from them)",

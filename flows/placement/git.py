@@ -10,6 +10,7 @@ from pathlib import Path
 
 from flows.dag import Stage
 from flows.placement.protocol import ENVIRONMENT, SENT, PlacementError, check_commit
+from tasks.core.git import changed_files
 from tasks.core.params import PARAMS_FILE, load_params
 
 
@@ -44,12 +45,6 @@ def on_remote_branch(repo: Path, commit: str, git_remote: str) -> bool:
     if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=repo).returncode != 0:
         return False
     return bool(git(repo, "branch", "--remotes", "--contains", commit, "--list", f"{git_remote}/*"))
-
-
-def changed_files(repo: Path) -> list[str]:
-    """Tracked files that differ from HEAD (staged or not)."""
-    out = git_bytes(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z").decode()
-    return [entry[3:] for entry in out.split("\0") if entry]  # "XY path"
 
 
 def written_by_runs(repo: Path, stages: dict[str, Stage]) -> set[str]:

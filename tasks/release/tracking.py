@@ -20,13 +20,13 @@ import json
 import logging
 import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tasks.core.environment import dvc_experiment
+from tasks.core.git import changed_files, head_commit
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.nested import flatten
 from tasks.core.params import PARAMS_FILE, Params
@@ -79,21 +79,12 @@ def _metric_name(text: str) -> str:
     return re.sub(r"[^0-9A-Za-z_\-. /]", "_", text)
 
 
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None
-
-
 def git_tags(root: Path, reports: Path) -> dict[str, str]:
     """The commit and whether code or params differ from it (what DVC writes after a run does not count)."""
-    commit = (_git(root, "rev-parse", "HEAD") or "").strip()
+    commit = head_commit(root)
     if not commit:
         return {"git.commit": "none"}
-    status = _git(root, "status", "--porcelain", "--untracked-files=no") or ""
-    changed = [line[3:] for line in status.splitlines() if line[3:] != "dvc.lock"]
+    changed = [name for name in changed_files(root) if name != "dvc.lock"]
     changed = [
         name for name in changed if not name.startswith(f"{reports.as_posix()}/") and not name.endswith(".gitignore")
     ]

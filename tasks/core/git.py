@@ -1,0 +1,27 @@
+"""Git queries every part of the project asks the same way: a command's output (or None where git fails or
+there is no repository), and the tracked files that differ from HEAD."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def git_output(repo: Path, *args: str, timeout_s: float = 30) -> str | None:
+    """stdout of `git <args>` in `repo`, stripped; None when git is missing, fails or takes over `timeout_s`."""
+    try:
+        proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def head_commit(repo: Path) -> str | None:
+    """HEAD's full sha, or None (no repository, no commit yet)."""
+    return git_output(repo, "rev-parse", "HEAD") or None
+
+
+def changed_files(repo: Path, *paths: str) -> list[str]:
+    """Tracked files that differ from HEAD, staged or not (limited to `paths` when given)."""
+    out = git_output(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z", *(["--", *paths] if paths else []))
+    return [entry[3:] for entry in (out or "").split("\0") if entry]  # "XY path"
