@@ -41,6 +41,16 @@ def command(params: Params, root: Path) -> list[str] | None:
             "--port", str(port), "--workers", "1"]  # fmt: skip
 
 
+def runs_table_url(params: Params, uri: str) -> str | None:
+    """The UI's address of the project's runs table (tracking.experiment), or None while the store has no such
+    experiment. MLflow 3 opens its home address on the GenAI overview, not on any experiment's runs."""
+    with mlflow_store.quiet_http():
+        found = mlflow_store.client(uri).get_experiment_by_name(params.tracking.experiment)
+    if found is None:
+        return None
+    return f"http://127.0.0.1:{params.tracking.ui_port}/#/experiments/{found.experiment_id}/runs"
+
+
 def _main(params: Params) -> None:
     args = command(params, Path.cwd())
     if args is None:
@@ -50,7 +60,15 @@ def _main(params: Params) -> None:
             tracking.tracking_uri(Path.cwd()),
         )
         return
-    log.info("MLflow UI on http://127.0.0.1:%d over %s (Ctrl-C stops it)", params.tracking.ui_port, args[5])
+    uri = args[5]
+    url = runs_table_url(params, uri)
+    if url is None:
+        log.info("MLflow UI on http://127.0.0.1:%d over %s (Ctrl-C stops it); it has no experiment %r yet "
+                 "(tracking.experiment in params.yaml): the first run that reaches the gate creates it",
+                 params.tracking.ui_port, uri, params.tracking.experiment)  # fmt: skip
+    else:
+        log.info("the runs table of experiment %r: %s (MLflow UI over %s; Ctrl-C stops it)",
+                 params.tracking.experiment, url, uri)  # fmt: skip
     sys.stdout.flush()
     os.execv(args[0], args)
 

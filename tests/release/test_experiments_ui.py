@@ -32,7 +32,8 @@ def _experiments(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
 
 def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_it_cannot(tmp_path: Path) -> None:
     """`make experiments` as a user runs it: the real MLflow UI over mlflow.db, its REST API answering with
-    the logged run; a missing table, a taken port and a tracking server each get one line."""
+    the logged run, and the address it prints is the project's runs table (MLflow 3's home is its GenAI
+    overview); a missing table, a taken port and a tracking server each get one line."""
     root = finished_project(tmp_path / "proj")
     port = free_port()
     text = (root / "params.yaml").read_text()
@@ -53,6 +54,7 @@ def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_i
     run_id = tracking.mirror(params, root)
     assert run_id
     ui = _experiments(root, env)
+    experiment_id = None
     try:
         found = None
         deadline = time.monotonic() + 120
@@ -61,9 +63,9 @@ def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_i
                 experiment = _get(
                     f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=imagepipe"
                 )
+                experiment_id = experiment["experiment"]["experiment_id"]
                 found = _post(
-                    f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",
-                    {"experiment_ids": [experiment["experiment"]["experiment_id"]]},
+                    f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search", {"experiment_ids": [experiment_id]}
                 )
             except OSError:
                 time.sleep(0.5)
@@ -85,6 +87,8 @@ def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_i
         except subprocess.TimeoutExpired:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait()
+    printed = ui.stdout.read()  # the address printed is the project's runs table, not MLflow's home
+    assert f"'imagepipe': http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs " in printed, printed
 
 
 def _get(url: str) -> dict:
