@@ -56,6 +56,12 @@ class Layout:
     def folder(self, role: str) -> Path | None:
         return dict(self.roots).get(role)
 
+    def split_roots(self) -> dict[str, Path]:
+        """{split: the folder holding its class folders, below every wrapper} for the folders under `source`
+        (a class-folders tree is all "train"; data.test_source, outside it, is not listed)."""
+        split_of_role = {role: split for split, role in ROLE_OF_SPLIT.items()}
+        return {split_of_role[role]: folder for role, folder in self.roots if folder.is_relative_to(self.source)}
+
     def missing_line(self) -> str | None:
         """One line naming the classes a val or test folder lacks (their scores there measure nothing)."""
         if not self.missing:
@@ -98,8 +104,8 @@ def unwrap(folder: Path, descended: list[Path], *, top: bool = False, loose: boo
     images) and, at the `top`, above a lone split folder (root/train/<class> is a split, not a wrapper)."""
     while True:
         inner = _folders(folder)
-        if len(inner) != 1 or _has_images(folder):
-            return folder
+        if len(inner) != 1 or _has_images(folder) or (not _folders(inner[0]) and not loose):
+            return folder  # a lone folder with no folders in it is a class folder (if an empty one), no wrapper
         if (top and inner[0].name.lower() in SPLIT_NAMES) or (not loose and _has_images(inner[0])):
             return folder
         descended.append(inner[0])
@@ -147,23 +153,45 @@ def split_folders(root: Path, *, what: str, unlabelled: list[Path] | None = None
     return found
 
 
-def read_layout(source: Path, test_source: Path | None = None, *, what: str = "data.source") -> Layout:
-    """The roots and classes of `source` (and of the fixed test folder `test_source`, if any); every way the
-    folders can be unreadable as a layout is one StageError naming the folder and what was expected."""
-    source = Path(source)
+def _tops(
+    source: Path, *, what: str, descended: list[Path], unlabelled: list[Path] | None = None
+) -> tuple[Path, dict[str, Path] | None]:
+    """Below the wrappers: the folder holding the class or split folders, and {split: the folder holding that
+    split's class folders} (None for class folders). Each wrapper descended into is added to `descended`."""
     class_folders(source, what=what)  # the path errors (missing, a file, '~') first, each named
-    descended: list[Path] = []
-    unlabelled: list[Path] = []
     top = unwrap(source, descended, top=True)
     splits = split_folders(top, what=what, unlabelled=unlabelled)
     if splits is None:
-        class_names = class_folders(top, what=what, at_least=2)
+        return top, None
+    return top, {split: unwrap(splits[split], descended) for split in ("train", "val", "test") if split in splits}
+
+
+def incoming_folders(src: Path, *, what: str = "SRC") -> tuple[str, dict[str, Path]]:
+    """Where the class folders of a folder of new images are (add-data INTO=, the review page's take-in), by the
+    rules of read_layout: ("class folders", {"train": folder}) or ("split folders", {split: folder})."""
+    top, splits = _tops(Path(src), what=what, descended=[])
+    if splits is None:
+        return "class folders", {"train": top}
+    return "split folders", splits
+
+
+def read_layout(
+    source: Path, test_source: Path | None = None, *, what: str = "data.source", min_classes: int = 2
+) -> Layout:
+    """The roots and classes of `source` (and of the fixed test folder `test_source`, if any); every way the
+    folders can be unreadable as a layout is one StageError naming the folder and what was expected. A dataset
+    needs `min_classes` classes; images coming into one (add-data INTO=, the review page) may hold one."""
+    source = Path(source)
+    descended: list[Path] = []
+    unlabelled: list[Path] = []
+    top, splits = _tops(source, what=what, descended=descended, unlabelled=unlabelled)
+    if splits is None:
+        class_names = class_folders(top, what=what, at_least=min_classes)
         _refuse_folder_classes(top, class_names, what=what)
         roots: list[tuple[str, Path]] = [(SOURCE, top)]
         why = f"its top-level folders {_few(class_names)} are not split names, so they are the classes"
         per_split = {"train": class_names}
     else:
-        splits = {split: unwrap(splits[split], descended) for split in ("train", "val", "test") if split in splits}
         per_split = {}
         for split, folder in splits.items():
             per_split[split] = class_folders(folder, what=f"{what} {split} folder", at_least=1)
@@ -173,9 +201,9 @@ def read_layout(source: Path, test_source: Path | None = None, *, what: str = "d
         named = ", ".join(f"{_under(splits[split], source)} ({split})" for split in ("train", "val", "test")
                           if split in splits)  # fmt: skip
         why = f"its top-level folders are split names: {named}, each holding class folders"
-        if len(class_names) < 2:
+        if len(class_names) < min_classes:
             raise StageError(f"{what} {source}: its split folders hold {len(class_names)} class folder(s) "
-                             f"{list(class_names)}, need at least 2; expected {EXPECTED}")  # fmt: skip
+                             f"{list(class_names)}, need at least {min_classes}; expected {EXPECTED}")  # fmt: skip
         only_elsewhere = sorted(set(class_names) - set(per_split["train"]))
         if only_elsewhere:
             elsewhere = "/".join(s for s in per_split if s != "train")

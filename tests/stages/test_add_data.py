@@ -321,3 +321,42 @@ def test_a_failed_dvc_add_leaves_the_dataset_as_it_was(
     assert snapshot(repo) == before  # the moved images gone, the .dvc file as it was
     assert not (repo / "data" / "raw" / "pets" / "class_3").exists()  # the new class folder too
     assert sorted(review.rglob("*")) == review_before  # nothing taken out of the review folder
+
+
+@pytest.mark.parametrize("wrapped", ["training_set/training_set", "dataset"], ids=["kaggle-wrapped-splits", "top-wrapper"])
+def test_into_a_wrapped_dataset_lands_where_preprocess_reads_its_classes(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrapped: str
+) -> None:
+    """Cats-and-dogs style `training_set/training_set/<class>` (and a lone top wrapper): the merged images go
+    into the class folders below the wrappers, so no wrapper turns into a class of its own."""
+    from tasks.core.io import read_json
+    from tasks.core.params import load_params
+    from tasks.images.layout import read_layout
+    from tasks.images.shards import MANIFEST
+    from tasks.preprocess import run as preprocess
+    from tasks.tools import add_data
+
+    src = tmp_path / "wd"
+    make_imagefolder(src / wrapped, classes=3, per_class=6)
+    if wrapped.startswith("training_set"):
+        renamed(make_imagefolder(src / "test_set" / "test_set", classes=3, per_class=2, seed=9), "t")
+    assert make(repo, "add-data", f"SRC={src}", "NAME=wd").returncode == 0
+    commit(repo, "wd")
+    new = renamed(make_imagefolder(tmp_path / "new", classes=3, per_class=5, seed=4), "n")
+    monkeypatch.chdir(repo)
+    params = load_params(repo / "params.yaml")
+
+    dest = add_data.grow(new, "wd", params=params)
+
+    layout = read_layout(dest)
+    assert layout.class_names == ("class_0", "class_1", "class_2")
+    train = dest / wrapped
+    assert sorted(p.relative_to(train) for p in train.rglob("n*")) == sorted(
+        p.relative_to(new) for p in new.rglob("*.*"))  # fmt: skip
+    section = params.preprocess.model_copy(update={"image_size": 16, "workers": 1, "resize": "squash"})
+    preprocess(section, seed=params.seed, source=dest, out_dir=tmp_path / "shards")
+    manifest = read_json(tmp_path / "shards" / MANIFEST)
+    assert manifest["class_names"] == ["class_0", "class_1", "class_2"]
+    merged = sorted((f["path"], manifest["class_names"][f["label"]]) for f in manifest["files"]
+                    if f["path"].split("/")[-1].startswith("n"))  # fmt: skip
+    assert merged == sorted((p.relative_to(new).as_posix(), p.parent.name) for p in new.rglob("*.*"))
