@@ -323,7 +323,9 @@ def test_a_failed_dvc_add_leaves_the_dataset_as_it_was(
     assert sorted(review.rglob("*")) == review_before  # nothing taken out of the review folder
 
 
-@pytest.mark.parametrize("wrapped", ["training_set/training_set", "dataset"], ids=["kaggle-wrapped-splits", "top-wrapper"])
+@pytest.mark.parametrize(
+    "wrapped", ["training_set/training_set", "dataset"], ids=["kaggle-wrapped-splits", "top-wrapper"]
+)
 def test_into_a_wrapped_dataset_lands_where_preprocess_reads_its_classes(
     repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wrapped: str
 ) -> None:
