@@ -1,7 +1,11 @@
-"""`python -m tasks.tools.summary` (make run): what the pipeline produced and where, from its JSON outputs."""
+"""`python -m tasks.tools.summary` (make run): what the pipeline produced and where, from its JSON outputs.
+
+`render` is the text alone, from the records as dicts: the README's copy of the committed run's summary is
+checked against it (tests/test_readme_summary.py), so the README cannot quote a stale record."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,48 +24,72 @@ def _read(path: Path) -> Any:
         raise StageError(f"{path}: not there yet; run the pipeline first (make run, or dvc repro)") from None
 
 
-def _main(params: Params) -> None:
+def describe_machine(environment: Mapping[str, Any]) -> str:
+    """`x86_64, avx512_bf16 without AMX: bf16, channels_last, 2 threads`: the CPU kind and what train resolved."""
+    flags = set(environment.get("cpu", {}).get("flags", []))
+    bf16 = "avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"
+    amx = "with AMX" if "amx_tile" in flags else "without AMX"
+    return (f"{environment.get('arch', '-')}, {bf16} {amx}: {environment.get('precision', '-')}, "
+            f"{environment.get('memory_format', '-')}, {environment.get('threads', '-')} threads")  # fmt: skip
+
+
+def render(params: Params, *, metrics: Mapping[str, Any], export: Mapping[str, Any], verdict: Mapping[str, Any],
+           quarantine: Mapping[str, int], train_run: Mapping[str, Any], environment: Mapping[str, Any],
+           timings: Mapping[str, Any]) -> str:  # fmt: skip
+    """The summary `make run` prints, from the run's records (the dicts of the files it reads)."""
     paths = params.paths
-    metrics = _read(paths.metrics)
-    export = _read(paths.export_report)
-    verdict = _read(paths.regression_json)
-    quarantine = _read(paths.shards / QUARANTINE)["counts"]
     gate = verdict.get("summary") or ("PASS" if verdict["passed"] else "REGRESSION")
-    recipe = _read(paths.train_run).get("recipe", {}).get("summary", "-")
+    recipe = train_run.get("recipe", {}).get("summary", "-")
     env_path = paths.environment / "train.json"
-    env = read_json(env_path) if env_path.is_file() else {}
-    environment = (f"train {env.get('precision', '-')} on {env.get('device', '-')}, {env.get('threads', '-')} "
-                   f"thread(s), torch {env.get('libraries', {}).get('torch', '-')} ({env_path})")  # fmt: skip
+    env = environment
+    environment_line = (f"train {env.get('precision', '-')} on {env.get('device', '-')}, {env.get('threads', '-')} "
+                        f"thread(s), torch {env.get('libraries', {}).get('torch', '-')} ({env_path})")  # fmt: skip
     q = export.get("onnx_int8")
     int8 = "not in export.formats" if q is None else (
         f"agreement with fp32 {q['agreement']:.4f}, accuracy drop {q['accuracy_drop']:+.4f}"
         + ("" if q["kept"] else " (refused by its gates)"))  # fmt: skip
     unversioned = "" if unversioned_source(params.data, paths.generated) is None else (
         " (not versioned: make add-data)")  # fmt: skip
-    timings_path = paths.export_timings
-    timings = read_json(timings_path) if timings_path.is_file() else {}
     if timings.get("model", {}).get("onnx_sha256") != export["onnx_sha256"]:
-        latency = f"{timings_path}: missing or from another model (dvc repro --force export measures this one)"
+        latency = (f"not measured for this model here: {paths.export_timings} is per machine, not part of the record "
+                   "(dvc repro --force export measures it)")  # fmt: skip
     else:
         row = timings["latency_ms_median"].get("batch_1", {})
         latency = "batch 1, ms: " + ", ".join(f"{name} {ms:.2f}" for name, ms in row.items())
-    print(
-        "\nPipeline finished\n"
+    return (
+        "Pipeline finished\n"
         f"  data          {params.data.source}: {quarantine['accepted']} images accepted, "
         f"{quarantine['quarantined']} quarantined, {quarantine['ignored']} ignored{unversioned}\n"
         f"  recipe        {recipe}\n"
-        f"  environment   {environment}\n"
+        f"  environment   {environment_line}\n"
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
         f"  INT8          {int8}\n"
         f"  latency       {latency}\n"
         f"  regression    {gate}\n"
-        f"  model         {params.paths.model}, {params.paths.onnx}\n"
+        f"  model         {paths.model}, {paths.onnx}\n"
         f"  metrics       {paths.metrics} (dvc metrics show)\n"
         f"  plots         {paths.train_curves}, {paths.confusion_png}\n"
-        f"  TensorBoard   make tensorboard  (logs in {params.paths.runs})"
+        f"  TensorBoard   make tensorboard  (logs in {paths.runs})"
     )
+
+
+def _main(params: Params) -> None:
+    paths = params.paths
+    env_path = paths.environment / "train.json"
+    timings_path = paths.export_timings
+    text = render(
+        params,
+        metrics=_read(paths.metrics),
+        export=_read(paths.export_report),
+        verdict=_read(paths.regression_json),
+        quarantine=_read(paths.shards / QUARANTINE)["counts"],
+        train_run=_read(paths.train_run),
+        environment=read_json(env_path) if env_path.is_file() else {},
+        timings=read_json(timings_path) if timings_path.is_file() else {},
+    )
+    print("\n" + text)
 
 
 def main() -> None:
