@@ -48,6 +48,7 @@ setup: $(STAMP)
 
 run: setup
 	$(BIN)/dvc repro
+	@$(BIN)/python -m tasks.tools.recompute
 	@$(BIN)/python -m tasks.tools.summary
 
 test: setup serve-venv
@@ -190,6 +191,8 @@ reload: setup
 
 # Classify images without a server: SRC=<image or folder> -> OUT (predictions.csv), one row per file, from the
 # torch-free serving venv and the server's code path (MODEL= another ONNX; default what make serve serves).
+# make exits 2 on any failure ("Error N" names the module's code: 1 none, 2 bad arguments, 3 some not classified,
+# 4 a bug); a script that acts on the code runs .venv-serve/bin/python -m serving.predict itself (docs/serving.md).
 OUT ?= predictions.csv
 predict: serve-venv
 	@test -n "$(SRC)" || { echo "error: SRC is missing: make predict SRC=<image or folder> [OUT=predictions.csv]" >&2; exit 2; }
