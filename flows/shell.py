@@ -10,7 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,20 +30,25 @@ def flow_run_url(flow_run_id: object) -> str:
     return url_for("flow-run", obj_id=str(flow_run_id)) or ""
 
 
-def stage_env() -> dict[str, str]:
-    """dvc.yaml's `python -m tasks.<stage>` must find this interpreter's environment first."""
+def stage_env(drop: Iterable[str] = ()) -> dict[str, str]:
+    """This process's environment for dvc and its stages: dvc.yaml's `python -m tasks.<stage>` finds this
+    interpreter's environment first; `drop`: variables the caller's run must not inherit (OVERRIDING_ENV's)."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("DVC_NO_ANALYTICS", "1")
+    for name in drop:
+        env.pop(name, None)
     # The flow run a stage belongs to, for the MLflow run its gate logs (tasks/release/tracking.py): a worker's flow
-    # process has PREFECT__FLOW_RUN_ID already; a flow run started in this process does not.
-    with contextlib.suppress(Exception):
-        from prefect import runtime
+    # process has PREFECT__FLOW_RUN_ID already; a flow run started in this process does not. A process that never
+    # imported Prefect (make reproduce) runs no flow: it does not pay Prefect's import to find that out.
+    if "prefect" in sys.modules:
+        with contextlib.suppress(Exception):
+            from prefect import runtime
 
-        if runtime.flow_run.id:
-            env.setdefault("PREFECT__FLOW_RUN_ID", str(runtime.flow_run.id))
-            env.setdefault("IMAGEPIPE_FLOW_RUN_URL", flow_run_url(runtime.flow_run.id))
+            if runtime.flow_run.id:
+                env.setdefault("PREFECT__FLOW_RUN_ID", str(runtime.flow_run.id))
+                env.setdefault("IMAGEPIPE_FLOW_RUN_URL", flow_run_url(runtime.flow_run.id))
     return env
 
 

@@ -16,7 +16,6 @@ It prints how long it took and exits with the comparison's status: 0 reproduced,
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import signal
 import subprocess
@@ -30,10 +29,15 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
 
+from flows.scratch import ProcessGroup, cache_dir, checkpoints_outside, copy_local_config  # noqa: E402
+from flows.shell import stage_env  # noqa: E402
 from tasks.core.private_api import dvc_remotes  # noqa: E402
 
 LOCK_DIFF = Path(__file__).resolve().parent / "lock_diff.py"
 CACHE_REMOTE = "workspace-cache"  # this workspace's DVC cache, read as a remote: DVC 3 lays both out alike
+DVC = [sys.executable, "-m", "dvc"]
+# A production run's conditions, not a test's (the training hooks, their faults) or an experiment's
+NOT_INHERITED = ("IMAGEPIPE_TRAIN_HOOKS", "IMAGEPIPE_FAULT", "DVC_EXP_NAME")
 
 
 class Refusal(Exception):
@@ -49,7 +53,7 @@ def run(
 def dvc(
     *args: str, cwd: Path, capture: bool = True, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return run([sys.executable, "-m", "dvc", *args], cwd, capture=capture, env=env)
+    return run([*DVC, *args], cwd, capture=capture, env=env)
 
 
 def resolve(rev: str, root: Path) -> str:
@@ -61,11 +65,6 @@ def resolve(rev: str, root: Path) -> str:
     if run(["git", "cat-file", "-e", f"{commit}:dvc.lock"], root).returncode != 0:
         raise Refusal(f"REV={rev} ({commit[:12]}) has no dvc.lock: no run was recorded there to reproduce")
     return commit
-
-
-def cache_dir(root: Path) -> Path:
-    proc = dvc("cache", "dir", cwd=root)
-    return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else root / ".dvc" / "cache"
 
 
 def inputs(tree: Path) -> dict[str, str]:
@@ -88,9 +87,7 @@ def fetch_inputs(root: Path, tree: Path) -> list[str]:
     wanted = inputs(tree)
     if not wanted:
         return []
-    local = root / ".dvc" / "config.local"
-    if local.is_file():  # a remote's URL or credentials kept out of git
-        shutil.copy2(local, tree / ".dvc" / "config.local")
+    copy_local_config(root, tree)
     dvc("remote", "add", "--local", "-f", CACHE_REMOTE, str(cache_dir(root)), cwd=tree)
     targets = list(wanted)
     dvc("fetch", "-q", "-r", CACHE_REMOTE, *targets, cwd=tree)  # what the cache lacks is fetched below
@@ -116,21 +113,13 @@ def fetch_inputs(root: Path, tree: Path) -> list[str]:
 
 def checkpoints_inside(tree: Path) -> None:
     """A rerun must train, not take a finished run's checkpoint from storage shared with the machine that made it."""
-    params = yaml.safe_load((tree / "params.yaml").read_text()) or {}
-    folder = Path(str((params.get("paths") or {}).get("checkpoints", "runs/checkpoints")))
-    resolved = (tree / folder).resolve()
-    if not resolved.is_relative_to(tree.resolve()):
+    params_file = tree / "params.yaml"
+    params = (yaml.safe_load(params_file.read_text()) if params_file.is_file() else None) or {}
+    folder = checkpoints_outside(params, tree)
+    if folder is not None:
         raise Refusal(f"paths.checkpoints at REV is {folder}, outside the checkout: the rerun could resume a "
                       "finished run from there instead of training; reproduce a commit whose paths.checkpoints "
                       "is inside the project (the default, runs/checkpoints)")  # fmt: skip
-
-
-def stage_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the stages' python
-    for name in ("IMAGEPIPE_TRAIN_HOOKS", "IMAGEPIPE_FAULT", "DVC_EXP_NAME"):
-        env.pop(name, None)  # a production run's conditions, not a test's or an experiment's
-    return env
 
 
 def reproduce(rev: str, root: Path, scratch: Path) -> int:
@@ -144,11 +133,14 @@ def reproduce(rev: str, root: Path, scratch: Path) -> int:
     brought = fetch_inputs(root, tree)
     print(f"reproduce: inputs: {', '.join(brought) if brought else 'none tracked by .dvc files (generated data)'}; "
           "every stage now runs from them: dvc repro --force --no-run-cache", flush=True)  # fmt: skip
-    repro = dvc("repro", "--force", "--no-run-cache", cwd=tree, capture=False, env=stage_env())
-    if repro.returncode != 0:
-        print(f"not reproduced: `dvc repro` failed at REV={rev} (exit {repro.returncode}); its output is above")
+    # dvc and the stages it starts are one process group: Ctrl-C or SIGTERM of this script stops all of them
+    # before the worktree goes, so no train process writes on into a removed folder
+    with ProcessGroup([*DVC, "repro", "--force", "--no-run-cache"], cwd=tree, env=stage_env(NOT_INHERITED)) as repro:
+        code = repro.wait()
+    if code != 0:
+        print(f"not reproduced: `dvc repro` failed at REV={rev} (exit {code}); its output is above")
         return 1
-    compared = run([sys.executable, str(LOCK_DIFF), "HEAD"], tree, env=stage_env())  # HEAD there is REV
+    compared = run([sys.executable, str(LOCK_DIFF), "HEAD"], tree, env=stage_env(NOT_INHERITED))  # HEAD there: REV
     sys.stdout.write(compared.stdout)
     sys.stderr.write(compared.stderr)
     return compared.returncode
