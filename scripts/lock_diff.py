@@ -246,20 +246,11 @@ def compare(rev: str) -> tuple[list[str], int]:
     return verdict(rev, old, new)
 
 
-def not_recomputed(root: Path = Path(".")) -> tuple[list[str], list[str]]:
-    """The stages whose outputs here no run in this workspace wrote (pulled, from the run cache, checked out),
-    and those that always run (the environment check, the gate), which vouch for no upstream output."""
-    stages = provenance.stages(root)
-    always = [name for name, spec in stages.items() if spec.get("always_changed")]
-    made_here = provenance.recomputed(root, yaml.safe_load((root / "dvc.lock").read_text())["stages"])
-    return [name for name, ok in made_here.items() if not ok and name not in always], always
-
-
 def judged_here(rev: str, lines: list[str], status: int, root: Path = Path(".")) -> tuple[list[str], int]:
     """`compare`'s answer, kept only for what this workspace computed."""
     if status == 2:  # nothing was compared (no dvc.lock here or at rev)
         return lines, status
-    missing, always = not_recomputed(root)
+    missing, always = provenance.not_recomputed(root)
     if not missing:
         return lines, status
     substantive = [name for name in provenance.stages(root) if name not in always]

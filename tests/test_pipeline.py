@@ -253,6 +253,12 @@ def test_the_ledger_holds_what_dvc_recorded_and_a_pulled_clone_reproduced_nothin
     assert partly.returncode == 1, partly.stdout
     assert "not recomputed here: train (its outputs came from" in partly.stdout
     assert "not recomputed here: evaluate" not in partly.stdout and "partly reproduced: 4 of 5" in partly.stdout
+    # make run's second step computes here what no run here wrote, so the same check then says "identical".
+    recompute = subprocess.run([sys.executable, "-m", "tasks.tools.recompute"], cwd=clone, env=env_with_venv(),
+                               capture_output=True, text=True)  # fmt: skip
+    assert recompute.returncode == 0, recompute.stdout + recompute.stderr
+    assert recompute.stdout.count("computing it here") == 4, recompute.stdout  # evaluate was already
+    assert check_reproduced(clone).stdout.startswith("identical")
 
 
 @pytest.mark.slow  # 51 s; on a second machine from the remotes: tests/test_reproduce_anywhere.py (slow)

@@ -224,3 +224,11 @@ def recomputed(root: Path, lock: dict[str, Any]) -> dict[str, bool]:
         outs = {e["path"]: lock_digest(e) for e in spec.get("outs") or []}
         found[stage] = not outs or any(e.get("stage") == stage and e.get("outs") == outs for e in entries)
     return found
+
+
+def not_recomputed(root: Path) -> tuple[list[str], list[str]]:
+    """The stages whose outputs here no run in this workspace wrote (pulled, from the run cache, checked out),
+    and those that always run (the environment check, the gate), which vouch for no upstream output."""
+    always = [name for name, spec in stages(root).items() if spec.get("always_changed")]
+    made_here = recomputed(root, _load(root / "dvc.lock")["stages"])
+    return [name for name, ok in made_here.items() if not ok and name not in always], always
