@@ -37,15 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the project's packages
 from tasks.core.params import DriftParams  # noqa: E402
-from tasks.release.drift import (  # noqa: E402
-    DRIFT,
-    REFERENCE_KEY,
-    DriftThresholds,
-    DriftWindow,
-    Reference,
-    build_reference,
-    reference_json,
-)
+from tasks.release.drift import DRIFT, DriftWindow  # noqa: E402
+from tasks.release.drift_reference import REFERENCE_KEY, Reference, build_reference, reference_json  # noqa: E402
+from tasks.release.drift_thresholds import DriftThresholds  # noqa: E402
 
 
 class Population:

@@ -18,7 +18,9 @@ import numpy as np
 from serving.monitoring import Metrics, log, log_drift
 from serving.schema import ModelInfo
 from tasks.core.params import Paths, ServeParams
-from tasks.release.drift import DriftThresholds, DriftWindow, Reference
+from tasks.release.drift import DriftWindow
+from tasks.release.drift_reference import Reference
+from tasks.release.drift_thresholds import DriftThresholds
 from tasks.release.inference import OnnxModel
 from tasks.release.production import ProductionModel, production_model
 

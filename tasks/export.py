@@ -4,7 +4,7 @@ Every format is scored on the whole test split and gated by params.yaml (ONNX th
 tasks.release.inference, the serving path, with the spec read back from the file's own metadata). Files
 are built beside their final paths and moved into place only when every gate passes. Parity goes to
 export.json (byte-stable); latency goes to a timings file of its own. Each ONNX file carries its drift
-reference (tasks/release/drift.py: its own predictions on the test split), and export.json a copy of the
+reference (tasks/release/drift_reference.py: its own predictions on the test split), and export.json a copy of the
 served file's, so the server can tell when traffic no longer looks like the test set.
 """
 
@@ -32,7 +32,7 @@ from tasks.core.params import DriftParams, ExportParams, Params, derive_seed, se
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release.calibration import Calibration
-from tasks.release.drift import REFERENCE_KEY, build_reference, reference_json
+from tasks.release.drift_reference import REFERENCE_KEY, build_reference, reference_json
 from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks

@@ -3,7 +3,7 @@
 A PSI's sampling noise grows with the number of bins (the class mix has one per class) and shrinks with the
 window and the test split, so no fixed threshold means the same for 10 and 1,000 classes. `calibrate` draws
 streams of predictions like the test split's and sets each statistic's threshold where at most rate/3 of them
-ever cross it (tasks/release/drift.py stores the result in the model's reference; the server reads it). `Psi`
+ever cross it (tasks/release/drift_reference.py stores the result in the model's reference; the server reads it). `Psi`
 keeps a window's PSI up to date in O(1) per prediction, for the server and, vectorised, for the calibration.
 Pure numpy/stdlib: the torch-free serving venv imports it.
 """

@@ -1,4 +1,5 @@
-"""The drift reference and window (tasks/release/drift.py), without a server: verdicts, statistics, warnings."""
+"""The drift reference, thresholds and window (tasks/release/drift*.py), without a server: verdicts,
+statistics, warnings."""
 
 from __future__ import annotations
 
@@ -10,22 +11,16 @@ import pytest
 
 from tasks.core.params import DriftParams
 from tasks.release.calibration import Psi
-from tasks.release.drift import (
-    DRIFT,
-    NO_REFERENCE,
-    NOT_ENOUGH,
-    OK,
+from tasks.release.drift import DRIFT, NO_REFERENCE, NOT_ENOUGH, OK, DriftWindow, psi_terms
+from tasks.release.drift_reference import (
     REFERENCE_KEY,
     DriftReferenceError,
-    DriftThresholds,
-    DriftWindow,
     Reference,
-    Threshold,
     build_reference,
-    psi_terms,
     reference_json,
     top1_and_margin,
 )
+from tasks.release.drift_thresholds import DriftThresholds, Threshold
 
 CLASSES = ("cat", "dog", "fox", "owl")
 THRESHOLDS = DriftThresholds.fixed(window=400, min_predictions=200, value=0.25)

@@ -22,7 +22,7 @@ from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import DriftParams, Params
 from tasks.images.imaging import load_array
 from tasks.images.shards import ShardSplit
-from tasks.release.drift import REFERENCE_KEY
+from tasks.release.drift_reference import REFERENCE_KEY
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tests.helpers.folders import make_imagefolder
