@@ -28,8 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serving import free_port, wait_ready  # noqa: E402
 from bench.serving_inputs import images, untrained_model  # noqa: E402
+from bench.serving_load import free_port, wait_ready  # noqa: E402
 from tasks.images.imaging import load_array  # noqa: E402
 from tasks.release.inference import OnnxModel, softmax  # noqa: E402
 

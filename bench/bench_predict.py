@@ -28,8 +28,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_serving import SERVER, free_port, load, wait_ready  # noqa: E402
 from bench.serving_inputs import images, untrained_model  # noqa: E402
+from bench.serving_load import SERVER, free_port, load, wait_ready  # noqa: E402
 from serving.app import stream_count  # noqa: E402
 from tasks.core.params import ServeParams  # noqa: E402
 

@@ -1,12 +1,15 @@
-"""The data bench runs end to end on a small folder and reports what it promises (numbers are not
-asserted: speed is measured by running the bench, not by tests)."""
+"""The benches run end to end on small inputs and report what they promise (numbers are not asserted: speed is
+measured by running the bench, not by tests)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import env_with_venv
@@ -42,3 +45,18 @@ def test_bench_drift_reports_false_alarms_detection_and_cost(tmp_path: Path) -> 
     assert row["classes"] == 10 and row["window"] == 200 and row["trials"] == 20
     assert 0 <= row["false_alarms"] <= 1 and 0 <= row["detection_20_points"] <= 1 and row["us_per_prediction"] > 0
     assert set(row["thresholds"]) == {"class_mix_psi", "top1_psi", "margin_psi"}
+
+
+@pytest.mark.slow  # about 25 s: exports an untrained resnet18 and starts a uvicorn
+def test_bench_serving_prints_the_table_the_server_line_and_the_drift_cost() -> None:
+    """bench_serving with its default model (an untrained resnet18 in a temporary folder), one configuration at
+    c=8: the table, the server's line and the drift bookkeeping's cost, which is timed on that model (it was once
+    loaded after its folder was deleted, and the bench died on its last line)."""
+    command = [sys.executable, "bench/bench_serving.py", "--requests", "16", "--concurrency", "8",
+               "--config", "one:1,1,1", "--size", "32"]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=env_with_venv(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "one (1x1t, batch<=1) multipart c=8" in out and "one (1x1t, batch<=1) raw c=8" in out, out
+    assert "bare, 1 thread, one at a time" in out and "one: ready" in out and "raw c=8:" in out, out
+    assert re.search(r"drift bookkeeping: [0-9.]+ us per prediction, [0-9.]+% of a raw c=8 request's", out), out
