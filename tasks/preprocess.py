@@ -6,7 +6,6 @@ Files are hashed, then fully decoded in worker processes; bad ones are quarantin
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, dumps_json
 from tasks.core.params import Params, PreprocessParams, derive_seed
 from tasks.images.aspect import Aspect, choose_resize
+from tasks.images.image_set import image_set_sha256
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import Layout, check_data_folders, read_layout
 from tasks.images.report import check_usable, log_summary
@@ -207,7 +207,7 @@ def _manifest(
         },
         "test_set": {
             "count": len(test_hashes),
-            "sha256": hashlib.sha256("\n".join(test_hashes).encode()).hexdigest(),
+            "sha256": image_set_sha256(test_hashes),  # the test set's one identity (tasks/images/image_set.py)
             "files": test_hashes,
         },
         "files": files,

@@ -1,5 +1,6 @@
-"""A model scored on a split of the shards: metrics.json's keys plus the split's identity, and per image (in the
-split's order, named by its content sha256) the true and the predicted class, for paired comparisons.
+"""A model scored on a split of the shards: metrics.json's keys plus the split's identity (tasks/images/image_set.py),
+and per image (in the split's order, named by its content sha256) the true and the predicted class, for paired
+comparisons.
 
 Apart from `inference` so that loading and running a model (serving) needs no pyarrow: only scoring
 reads the shards.
@@ -7,7 +8,6 @@ reads the shards.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tasks.core.metrics import classification_metrics
+from tasks.images.image_set import image_set_sha256, split_sha256
 from tasks.images.shards import MANIFEST, ShardError, ShardSplit, load_manifest
 from tasks.release.inference import OnnxModel
 
@@ -49,18 +50,6 @@ class SplitScores:
         return cls(data["metrics"], tuple(images), tuple(labels), tuple(predicted))
 
 
-def split_sha256(shard_dir: Path, split: str = "test") -> str:
-    """The identity of a split: a hash of its images' content hashes (not labels) from the manifest.
-
-    For the test split this is the manifest's frozen `test_set.sha256` (same recipe).
-    """
-    manifest = load_manifest(shard_dir)
-    if split == "test" and "sha256" in manifest.get("test_set", {}):
-        return manifest["test_set"]["sha256"]
-    digests = sorted(entry["sha256"] for entry in manifest["files"] if entry["split"] == split)
-    return hashlib.sha256("\n".join(digests).encode()).hexdigest()
-
-
 def split_images(shard_dir: Path, split: str = "test", manifest: Mapping[str, Any] | None = None) -> tuple[str, ...]:
     """The content sha256 of each image of a split, in the shards' row order (the manifest's `index`);
     `manifest`: the shard directory's, when the caller has already read it."""
@@ -77,12 +66,13 @@ def score_images(model: OnnxModel, shard_dir: Path, split: str = "test", batch_s
     data.require_classes(model.class_names, model.path)
     logits = model.logits(data.all_images(), batch_size)
     metrics = classification_metrics(logits, data.labels, model.class_names)
-    images = split_images(shard_dir, split)
+    manifest = load_manifest(shard_dir)
+    images = split_images(shard_dir, split, manifest)
     if len(images) != len(data.labels):
         raise ShardError(f"{Path(shard_dir) / MANIFEST}: lists {len(images)} {split} files, the shards hold "
                          f"{len(data.labels)} images; rerun preprocess")  # fmt: skip
     return SplitScores(
-        metrics={**metrics, "test_set_sha256": split_sha256(shard_dir, split)},
+        metrics={**metrics, "test_set_sha256": split_sha256(manifest, split)},
         images=images,
         labels=tuple(int(x) for x in data.labels),
         predicted=tuple(int(x) for x in logits.argmax(axis=1)),
@@ -105,5 +95,4 @@ def score_promoted_set(model: OnnxModel, shard_dir: Path, promoted: Collection[s
     rows = np.array([i for i, digest in enumerate(images) if digest in promoted], dtype=np.int64)
     logits = model.logits(data.all_images()[rows], batch_size)
     metrics = classification_metrics(logits, np.asarray(data.labels)[rows], model.class_names)
-    kept = sorted(images[i] for i in rows)
-    return {**metrics, "test_set_sha256": hashlib.sha256("\n".join(kept).encode()).hexdigest()}
+    return {**metrics, "test_set_sha256": image_set_sha256(images[i] for i in rows)}

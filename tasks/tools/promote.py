@@ -24,6 +24,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
 from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
+from tasks.images.image_set import split_sha256
 from tasks.images.shards import MANIFEST, load_manifest
 from tasks.release import tracking
 from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
@@ -105,7 +106,7 @@ def run(
 def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path) -> dict[str, Any]:
     """baseline/test_set.json: the test split the verdict scored, each image's content sha256 -> its class."""
     manifest = load_manifest(shard_dir)
-    digest = manifest.get("test_set", {}).get("sha256")
+    digest = split_sha256(manifest, "test")
     if digest != scored_sha256:
         raise StageError(f"{verdict_path} scored test set sha256 {scored_sha256}, but {shard_dir} now holds "
                          f"{digest}; run `dvc repro` first")  # fmt: skip

@@ -17,11 +17,12 @@ from PIL import Image
 
 from tasks import preprocess
 from tasks.core.io import read_json, sha256_file
+from tasks.images.image_set import image_set_sha256, split_sha256
 from tasks.images.imaging import ImageError, PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release.inference import ModelIntegrityError, ModelMetadataError, OnnxModel
 from tasks.release.onnx_metadata import write_metadata
-from tasks.release.scoring import score_split, split_sha256
+from tasks.release.scoring import score_split
 from tasks.training.dataset import ShardDataset
 from tasks.training.models import build_model, load_model_file, normalize, predict_logits, save_model_file
 from tests.helpers.export import PARAMS, export_model
@@ -169,8 +170,10 @@ def test_score_split_reports_metrics_and_the_test_set_identity(project: Path, se
     assert metrics["num_samples"] == len(test)
     assert metrics["accuracy"] == pytest.approx(float((logits.argmax(1) == test.labels).mean()), abs=1e-6)
     manifest = read_json(project / "shards" / MANIFEST)
-    assert metrics["test_set_sha256"] == manifest["test_set"]["sha256"] == split_sha256(project / "shards")
-    assert split_sha256(project / "shards", "train") != metrics["test_set_sha256"]
+    assert metrics["test_set_sha256"] == manifest["test_set"]["sha256"] == split_sha256(manifest, "test")
+    assert split_sha256(manifest, "train") != metrics["test_set_sha256"]
+    test_images = [e["sha256"] for e in manifest["files"] if e["split"] == "test"]
+    assert image_set_sha256(reversed(test_images)) == metrics["test_set_sha256"]  # a set: the order does not count
 
 
 def test_serving_normalisation_equals_trainings_bit_for_bit() -> None:
