@@ -1,6 +1,6 @@
 """The MLflow side of the experiment table: a client for a tracking URI, the project's experiment, and one
 record written as one run (params and metrics in batches of 100, the history as metric steps, the artifacts).
-tasks/release/tracking.py decides what a record is and when to write it."""
+tasks/release/run_record.py decides what a record is, tasks/release/tracking.py when to write it."""
 
 from __future__ import annotations
 

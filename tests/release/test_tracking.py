@@ -3,6 +3,7 @@ a run; the registry's `production` alias follows make promote. Real MLflow on a 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from tasks.core.params import load_params
 from tasks.release import tracking
+from tasks.release.run_record import record_key
 from tests.helpers.prefect import free_port
 from tests.helpers.tracking import finished_project as _project
 
@@ -45,6 +47,9 @@ def test_a_record_is_one_run_logged_once_and_a_changed_record_is_another(tmp_pat
 
     assert tracking.mirror(params, root) == first  # a no-op rerun: the same outputs, the same run
     (root / "runs" / "tracking" / "logged.json").unlink()  # without the local note, the store's key finds it
+    assert tracking.mirror(params, root) == first and len(_runs(uri)) == 1
+    gate = root / "reports" / "gate.json"  # `dvc repro` enforcing the verdict `dvc exp run` recorded: the same run
+    gate.write_text(json.dumps({**json.loads(gate.read_text()), "enforced": False}))
     assert tracking.mirror(params, root) == first and len(_runs(uri)) == 1
 
     _project(root, accuracy=0.95)  # a rerun that changed something
@@ -136,3 +141,28 @@ def test_a_dvc_temp_experiment_logs_to_the_project_beside_it() -> None:
     assert tracking.project_root(Path("/work/proj/.dvc/tmp/exps/tmpab12cd")) == Path("/work/proj")
     assert tracking.project_root(Path("/work/proj/.dvc/tmp/exps/tmpab12cd/sub")) == Path("/work/proj")
     assert tracking.project_root(Path("/work/proj")) == Path("/work/proj")
+
+
+def test_the_record_key_is_the_model_and_its_scores_not_how_the_gate_was_enforced() -> None:
+    """The same model and scores re-gated (an experiment's recorded verdict, then `dvc repro` enforcing it; the
+    scores reused or made again under new code) are one record; a changed score is another."""
+    scores = {"accuracy": 0.9, "test_set_sha256": "t" * 64}
+    reports = {
+        "train_run": {"run": "r1"},
+        "metrics": {"accuracy": 0.9},
+        "export": {"agreement": 1.0},
+        "regression": {"verdict": "pass", "metrics": scores, "model": {"onnx_sha256": "m" * 64},
+                       "scored": {"key": "k1"}, "baseline_rescored": {"metrics": scores, "scored": {"key": "k2"}}},
+        "gate": {"verdict": "pass", "passed": True, "enforced": False},
+    }  # fmt: skip
+    regated = {
+        **reports,
+        "regression": {**reports["regression"], "scored": {"key": "k3"},
+                       "baseline_rescored": {"metrics": scores, "scored": {"key": "k4"}}},
+        "gate": {**reports["gate"], "enforced": True},
+    }  # fmt: skip
+    assert record_key(regated) == record_key(reports)
+    assert reports["gate"]["enforced"] is False and reports["regression"]["scored"] == {"key": "k1"}  # not changed
+    rescored = {**reports, "regression": {**reports["regression"], "metrics": {**scores, "accuracy": 0.91}}}
+    assert record_key(rescored) != record_key(reports)
+    assert record_key({**reports, "gate": {**reports["gate"], "passed": False}}) != record_key(reports)
