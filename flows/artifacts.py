@@ -15,7 +15,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.core import nested
 from tasks.core.paths import Paths
-from tasks.release.verdict import Verdict, format_table
+from tasks.release.verdict import Verdict
+from tasks.release.verdict_table import format_table
 
 
 def stage_reports(paths: Paths) -> dict[str, Path]:

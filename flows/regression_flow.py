@@ -51,7 +51,8 @@ from tasks.release.production import (
     promoted_model,
 )
 from tasks.release.scoring import score_promoted_set, score_split
-from tasks.release.verdict import compare, format_table
+from tasks.release.verdict import compare
+from tasks.release.verdict_table import format_table
 
 REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./~^-]*")  # a name git and DVC take as a revision, never an option
 

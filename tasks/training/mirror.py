@@ -41,6 +41,8 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from tasks.core.mcnemar import discordant, mcnemar_p
+
 SAMPLE = 4000  # training images the check reads at most
 SIDE = 32  # the thumbnail the features are computed on
 FOLDS = 5
@@ -186,8 +188,6 @@ def chance_of(labels: np.ndarray) -> float:
 
 def mirror_check(images: np.ndarray, labels: np.ndarray, class_names: Sequence[str], seed: int) -> MirrorCheck:
     """`images` uint8 (N, 3, S, S) of the train split (or a sample of it), `labels` (N,) indices of `class_names`."""
-    from scipy.stats import binomtest
-
     started = time.perf_counter()
     labels = np.asarray(labels, dtype=np.int64)
     chance, classes = chance_of(labels), len(class_names)
@@ -201,13 +201,9 @@ def mirror_check(images: np.ndarray, labels: np.ndarray, class_names: Sequence[s
     )
     tests = []
     for c in np.unique(labels).tolist():
-        mine = labels == c
-        lost, gained = (
-            int((mine & (alone == c) & (joined != c)).sum()),
-            int((mine & (alone != c) & (joined == c)).sum()),
-        )
-        p = binomtest(lost, lost + gained, 0.5, alternative="greater").pvalue if lost + gained else 1.0
-        tests.append((float(p), -lost, c, lost, gained))
+        mine = labels == c  # the class's held-out images: right without the mirrors, and with them
+        lost, gained = discordant(alone[mine] == c, joined[mine] == c)
+        tests.append((mcnemar_p(lost, gained), -lost, c, lost, gained))
     p, _, worst, lost, gained = min(tests)
     return MirrorCheck(len(labels), classes, chance, float((alone == labels).mean()), float((joined == labels).mean()),
                        float((mirrored == labels).mean()), str(class_names[worst]), lost, gained, p,

@@ -8,19 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from tasks.core.mcnemar import discordant, mcnemar_p
 from tasks.core.metrics import classification_metrics
 from tasks.core.params import Rule
-from tasks.release.verdict import (
-    Paired,
-    RuleResult,
-    Verdict,
-    compare,
-    format_table,
-    judgeable,
-    lookup,
-    mcnemar_p,
-    smallest_failing_loss,
-)
+from tasks.release.paired import Paired, judgeable, smallest_failing_loss
+from tasks.release.verdict import RuleResult, Verdict, compare, lookup
+from tasks.release.verdict_table import format_table
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -223,6 +216,8 @@ def two_classes(c_base_right: int, c_cand_right: int, c_total: int, c_discordant
 
 
 def test_mcnemar_exact_p_and_what_a_rule_can_judge() -> None:
+    reference, candidate = np.array([1, 1, 1, 0, 0, 0], bool), np.array([1, 0, 0, 1, 0, 0], bool)
+    assert discordant(reference, candidate) == (2, 1)  # right by the reference only, by the candidate only
     assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(5, 0) == pytest.approx(1 / 32) and mcnemar_p(0, 5) == 1.0
     assert mcnemar_p(9, 3) == pytest.approx(sum(math.comb(12, k) for k in range(9, 13)) / 4096)
     assert mcnemar_p(5, 0, two_sided=True) == pytest.approx(2 / 32)

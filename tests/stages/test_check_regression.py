@@ -22,13 +22,17 @@ import torch
 from tasks import check_regression, preprocess
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
+from tasks.core.params import load_params
+from tasks.images.image_set import split_sha256
 from tasks.images.shards import MANIFEST
+from tasks.release import score_cache, tracking
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.verdict import Verdict
 from tasks.tools import promote
 from tests.helpers.export import PARAMS, export_model
 from tests.helpers.folders import make_imagefolder
+from tests.helpers.tracking import finished_project
 
 ONNX_ONLY = PARAMS.export.model_copy(
     update={"formats": ("onnx",), "timing": PARAMS.export.timing.model_copy(update={"repeats": 1, "batch_sizes": (1,)})}
@@ -399,8 +403,8 @@ def test_the_baseline_scores_are_reused_and_a_changed_baseline_byte_is_refused_e
     def no_scoring(*args: object, **kwargs: object) -> None:
         raise AssertionError("scored again: the kept scores should have been reused")
 
-    monkeypatch.setattr(check_regression, "score_images", no_scoring)
-    with caplog.at_level(logging.INFO, logger="tasks.check_regression"):
+    monkeypatch.setattr(score_cache, "score_images", no_scoring)
+    with caplog.at_level(logging.INFO, logger="tasks.release.score_cache"):
         again = check(variant, shards, copy, out=tmp_path, cache=cache)
     assert again == first and (cache / "baseline_scores.json").read_bytes() == kept
     assert f"test scores of the baseline {copy / 'model.onnx'} reused from {cache / 'baseline_scores.json'}" in (
@@ -431,3 +435,23 @@ def test_promote_refuses_a_verdict_of_another_test_set_than_the_shards(
     ):
         promote_to(tmp_path, model, shards, tmp_path / "baseline")
     assert not (tmp_path / "baseline").exists()
+
+
+def test_the_test_set_has_one_identity_in_the_manifest_the_verdict_the_baseline_and_mlflow(
+    baseline: Path, project: Path, shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user matching MLflow's `data.test_sha256` tag against regression.json's `test_set_sha256` finds it."""
+    root = finished_project(tmp_path / "proj")  # params.yaml (tracking on) and the reports the table reads
+    (root / "data/shards").mkdir(parents=True)
+    shutil.copy2(shards / MANIFEST, root / "data/shards" / MANIFEST)
+    check(project, shards, baseline, out=root)  # the gate's reports, as the stage writes them
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_id = tracking.mirror(load_params(root / "params.yaml"), root)
+    assert run_id
+    tag = tracking.client(f"sqlite:///{root / 'mlflow.db'}").get_run(run_id).data.tags["data.test_sha256"]
+    manifest = read_json(shards / MANIFEST)
+    assert tag == read_json(root / "reports/regression.json")["metrics"]["test_set_sha256"]
+    assert tag == manifest["test_set"]["sha256"] == split_sha256(manifest, "test")
+    promoted = read_json(baseline / "test_set.json"), read_json(baseline / "model.json")
+    assert tag == promoted[0]["test_set_sha256"] == promoted[1]["test_set_sha256"]
