@@ -13,11 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterable
@@ -64,30 +64,53 @@ def _params(root: Path) -> dict[str, Any]:
         raise ProvenanceError(f"{root / 'params.yaml'}: cannot read it ({type(exc).__name__}: {exc})") from None
 
 
-def _interpolate(text: str, params: dict[str, Any]) -> str:
-    """`${paths.reports}/x.json` -> `reports/x.json`, as DVC resolves dvc.yaml from params.yaml."""
+def _resolved(root: Path) -> dict[str, dict[str, list[str]]]:
+    """Every stage's deps and outputs (outs, metrics and plots) as DVC itself resolves dvc.yaml (`${}`, `vars:`,
+    `foreach`), from DVC's Repo API. DVC takes about a second to load, and each stage asks before and after its
+    work, so the answer is kept in .dvc/tmp under the sha256 of dvc.yaml and params.yaml."""
+    texts = [(root / name).read_bytes() for name in ("dvc.yaml", "params.yaml") if (root / name).is_file()]
+    key = hashlib.sha256(b"\0".join(texts)).hexdigest()[:16]
+    kept = root / ".dvc" / "tmp" / f"imagepipe-stages-{key}.json"
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(kept.read_text())
+    try:
+        from dvc.dependency.param import ParamsDependency
+        from dvc.repo import Repo
 
-    def value(match: re.Match[str]) -> str:
-        node: Any = params
-        for key in match.group(1).strip().split("."):
-            if not isinstance(node, dict) or key not in node:
-                raise ProvenanceError(f"dvc.yaml: ${{{match.group(1)}}} is not a key of params.yaml")
-            node = node[key]
-        return str(node)
-
-    return re.sub(r"\$\{([^}]+)\}", value, text)
-
-
-def _paths(entries: Iterable[Any] | None, params: dict[str, Any]) -> list[str]:
-    names = [e if isinstance(e, str) else next(iter(e)) for e in entries or []]
-    return [_interpolate(name, params).rstrip("/") for name in names]
+        with Repo(str(root)) as repo:
+            found = {
+                stage.name: {
+                    "deps": [dep.def_path.rstrip("/") for dep in stage.deps if not isinstance(dep, ParamsDependency)],
+                    "outs": [out.def_path.rstrip("/") for out in stage.outs],
+                }
+                for stage in repo.index.stages
+                if Path(stage.path) == (root / "dvc.yaml").resolve() or Path(stage.path) == root / "dvc.yaml"
+            }
+    except Exception as exc:  # DVC's own errors (a bad ${} key, no DVC repository) have no common base
+        raise ProvenanceError(f"{root / 'dvc.yaml'}: DVC cannot resolve it ({type(exc).__name__}: {exc})") from None
+    with contextlib.suppress(OSError):
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(found, sort_keys=True))
+        os.replace(tmp, kept)
+    return found
 
 
 def declared(stage: str, root: Path) -> tuple[list[str], list[str]]:
-    """A stage's deps and its outputs (outs, metrics and plots), as dvc.yaml declares them, resolved."""
-    spec, params = stages(root)[stage], _params(root)
-    outs = [p for key in ("outs", "metrics", "plots") for p in _paths(spec.get(key), params)]
-    return _paths(spec.get("deps"), params), outs
+    """A stage's deps and its outputs (outs, metrics and plots), as DVC resolves dvc.yaml."""
+    try:
+        spec = _resolved(root)[stage]
+    except KeyError:
+        raise ProvenanceError(f"{root / 'dvc.yaml'}: no stage {stage}") from None
+    return spec["deps"], spec["outs"]
+
+
+def _path_param(root: Path, key: str) -> str:
+    """params.yaml's `paths.<key>` (a folder the stages write to)."""
+    value = (_params(root).get("paths") or {}).get(key)
+    if not isinstance(value, str):
+        raise ProvenanceError(f"{root / 'params.yaml'}: paths.{key} is missing or not a path")
+    return value
 
 
 def loaded_files(root: Path) -> list[str]:
@@ -151,24 +174,31 @@ def stage_code(stage: str, root: Path) -> dict[str, str]:
 
 
 def digest(path: Path) -> str | None:
-    """The hash DVC 3 records for `path` in dvc.lock: a file's md5; a folder's, the md5 of the JSON list of its
-    files' md5 and relative path (sorted, `__pycache__` left out as .dvcignore says) plus ".dir". None if absent."""
+    """The hash DVC 3 records for `path` in dvc.lock, computed by DVC's own dvc-data with the project's
+    .dvcignore: a file's md5; a folder's tree hash (`<md5>.dir`). None if absent."""
     if path.is_file():
-        return md5_file(path)
+        return md5_file(path)  # DVC 3's file hash is the plain md5 of the bytes
     if not path.is_dir():
         return None
-    files = [f for f in path.rglob("*") if f.is_file() and "__pycache__" not in f.relative_to(path).parts]
-    entries = sorted(({"md5": md5_file(f), "relpath": f.relative_to(path).as_posix()} for f in files),
-                     key=lambda e: e["relpath"])  # fmt: skip
-    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"
+    from dvc.fs import LocalFileSystem
+    from dvc.ignore import DvcIgnoreFilter
+    from dvc_data.hashfile.build import build
+    from dvc_data.hashfile.db import HashFileDB
+    from dvc_objects.fs.memory import MemoryFileSystem
+
+    fs, folder = LocalFileSystem(), path.resolve()
+    root = next((p for p in (folder, *folder.parents) if (p / ".dvc").is_dir()), folder)
+    _, _, obj = build(HashFileDB(MemoryFileSystem(), "/odb"), str(folder), fs, "md5",
+                      ignore=DvcIgnoreFilter(fs, str(root)), dry_run=True)  # fmt: skip
+    return str(obj.hash_info.value)
 
 
 def environment_record(stage: str, root: Path) -> Path:
-    return root / _interpolate("${paths.reports}", _params(root)) / "environment" / f"{stage}.json"
+    return root / _path_param(root, "reports") / "environment" / f"{stage}.json"
 
 
 def ledger_path(root: Path) -> Path:
-    return root / _interpolate("${paths.runs}", _params(root)) / LEDGER
+    return root / _path_param(root, "runs") / LEDGER
 
 
 def record_run(stage: str, root: Path) -> dict[str, Any] | None:

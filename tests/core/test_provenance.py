@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,8 @@ def test_a_stage_that_imports_undeclared_code_stops_before_work_or_before_it_is_
     generate.write_text(source.replace(top, top + "\n" + planted, 1))
     early = run_stage(repo, "generate")
     assert early.returncode == 2, early.stdout + early.stderr
-    assert "[generate] error: stage generate loaded tasks/release/__init__.py, tasks/release/parity.py" in early.stderr
+    assert "[generate] error: stage generate loaded tasks/release/__init__.py, tasks/release/" in early.stderr
+    assert "tasks/release/verdict.py" in early.stderr
     assert "before any work" in early.stderr and not (repo / "data" / "generated").exists()
     body = "def _main(params: Params) -> None:\n"
     generate.write_text(source.replace(body, body + "    " + planted, 1))
@@ -89,3 +91,39 @@ def test_the_folder_digest_is_the_one_dvc_records() -> None:
         assert digest(ROOT / dep["path"]) == dep["md5"], dep["path"]
     [init] = [d for d in lock["train"]["deps"] if d["path"] == "tasks/__init__.py"]
     assert digest(ROOT / "tasks" / "__init__.py") == init["md5"]
+
+
+def test_the_folder_digest_leaves_out_what_dvcignore_does(tmp_path: Path) -> None:
+    """A stray `x.pyc` beside the code (not in `__pycache__/`) is in .dvcignore: DVC's hash leaves it out, so
+    the ledger's must too, or a stage's record never matches dvc.lock."""
+    repo = tmp_path / "repo"
+    code = repo / "code"
+    (code / "sub").mkdir(parents=True)
+    (code / "a.py").write_text("x = 1\n")
+    (code / "sub" / "b.py").write_text("y = 2\n")
+    (code / "stray.pyc").write_bytes(b"\x00bytecode")
+    (code / "__pycache__").mkdir()
+    (code / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00more")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    shutil.copy2(ROOT / ".dvcignore", repo / ".dvcignore")
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", "code"], cwd=repo, check=True, env=env_with_venv())
+    recorded = yaml.safe_load((repo / "code.dvc").read_text())["outs"][0]["md5"]
+    assert digest(code) == recorded
+
+
+def test_declared_paths_are_dvcs_own_resolution_with_vars_and_foreach(tmp_path: Path) -> None:
+    """dvc.yaml is resolved by DVC itself: `vars:` and `foreach` too, not only `${}` from params.yaml."""
+    from tasks.core.provenance import declared
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    (repo / "params.yaml").write_text("paths:\n  reports: out\n")
+    (repo / "dvc.yaml").write_text(
+        "vars:\n  - code: tasks/core\nstages:\n"
+        "  make:\n    foreach: [a, b]\n    do:\n      cmd: echo ${item}\n"
+        "      deps:\n        - ${code}\n      outs:\n        - ${paths.reports}/${item}.json\n"
+    )
+    assert declared("make@b", repo) == (["tasks/core"], ["out/b.json"])
