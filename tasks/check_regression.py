@@ -157,7 +157,7 @@ def run(
             "baseline_rescored": rescored,  # the baseline model on today's test split: the verdict's baseline side
             "model": {"path": str(onnx_path), "onnx_sha256": candidate.onnx_sha256},
             "metrics": metrics,
-            "scored": {"key": candidate.key},  # the inputs the metrics were scored from (scoring_key)
+            "scored": {"key": candidate.key},  # the inputs the metrics were scored from (score_cache.scoring_key)
         },
     )
     write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,
