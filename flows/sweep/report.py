@@ -2,8 +2,9 @@
 its seed noise, and a plot of each searched param against validation accuracy.
 
 A finished trial's own MLflow run is logged by its gate (tasks/release/tracking.py, a child through
-IMAGEPIPE_MLFLOW_PARENT); a pruned or failed trial never reaches the gate, so the sweep logs it here, with its
-values, the epochs it ran and its state. Every MLflow call is best effort: one warning line, never the sweep.
+IMAGEPIPE_MLFLOW_PARENT; copied into the project's store by flows/sweep/store.py); a pruned or failed trial never
+reaches the gate, so the sweep logs it here, with its values, the epochs it ran and its state. Every write holds
+the store's lock (store.py); every MLflow call is best effort: one warning line, never the sweep.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flows.sweep.store import Store
 from flows.sweep.trial import TrialResult
 from tasks.core.experiment_params import SearchRange
 from tasks.release import mlflow_store
@@ -34,86 +36,101 @@ def _warn(what: str, exc: Exception) -> None:
     )
 
 
-def parent_run(uri: str, experiment: str, study: str, uid: str, journal: Path) -> str | None:
+def parent_run(store: Store, experiment: str, study: str, uid: str, journal: Path) -> str | None:
     """The sweep's parent run: the one this study already has (a resumed sweep), or a new one. A study is
     known by its journal's uid, not its name: a study started again after its journal was deleted is a new
     sweep with a parent of its own."""
     try:
-        client = mlflow_store.client(uri)
-        exp_id = mlflow_store.experiment_id(client, experiment, uri)
-        found = client.search_runs([exp_id], filter_string=f"tags.`{UID_TAG}` = '{uid}'", max_results=1)
-        if found:
-            client.update_run(found[0].info.run_id, status="RUNNING")
-            return found[0].info.run_id
-        run = client.create_run(
-            exp_id,
-            run_name=f"sweep {study}",
-            tags={PARENT_TAG: study, UID_TAG: uid, "sweep.journal": str(journal), "source": "make sweep"},
-        )
-        return run.info.run_id
+        with store.writing():
+            return _parent_run(store.uri, experiment, study, uid, journal)
     except Exception as exc:  # noqa: BLE001
         _warn("parent run", exc)
         return None
 
 
-def log_unfinished(uri: str, experiment: str, parent: str | None, study: str, result: TrialResult) -> None:
+def _parent_run(uri: str, experiment: str, study: str, uid: str, journal: Path) -> str:
+    client = mlflow_store.client(uri)
+    exp_id = mlflow_store.experiment_id(client, experiment, uri)
+    found = client.search_runs([exp_id], filter_string=f"tags.`{UID_TAG}` = '{uid}'", max_results=1)
+    if found:
+        client.update_run(found[0].info.run_id, status="RUNNING")
+        return found[0].info.run_id
+    run = client.create_run(
+        exp_id,
+        run_name=f"sweep {study}",
+        tags={PARENT_TAG: study, UID_TAG: uid, "sweep.journal": str(journal), "source": "make sweep"},
+    )
+    return run.info.run_id
+
+
+def log_unfinished(store: Store, experiment: str, parent: str | None, study: str, result: TrialResult) -> None:
     """A pruned or failed trial as a child run: its values, its epochs' validation accuracy, its state."""
     try:
-        from mlflow.entities import Metric, Param
-
-        client = mlflow_store.client(uri)
-        exp_id = mlflow_store.experiment_id(client, experiment, uri)
-        trial_tag = f"{study}:{result.number}"
-        tags = {
-            "sweep.trial": trial_tag,
-            "sweep.state": result.state,
-            "source": "make sweep",
-            "sweep.message": result.message[:5000],
-        }
-        # A trial that failed after its gate (its experiment could not be fetched) has its run under this
-        # sweep's parent already: marked failed, not doubled
-        mine = f"tags.`sweep.trial` = '{trial_tag}' and tags.`mlflow.parentRunId` = '{parent}'"
-        logged = client.search_runs([exp_id], filter_string=mine, max_results=1) if parent else []
-        if logged:
-            for key in ("sweep.state", "sweep.message"):
-                client.set_tag(logged[0].info.run_id, key, tags[key])
-            client.set_terminated(logged[0].info.run_id, "FAILED")
-            return
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        run = client.create_run(exp_id, run_name=result.name, tags=tags)
-        now = run.info.start_time
-        values = {**result.values, **({"seed": result.seed} if result.seed is not None else {})}
-        metrics = [Metric("val_accuracy", acc, now, epoch) for epoch, acc in enumerate(result.epochs, start=1)]
-        metrics.append(Metric("epochs_run", float(len(result.epochs)), now, 0))
-        client.log_batch(run.info.run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in values.items()])
-        client.set_terminated(run.info.run_id, "KILLED" if result.state == "pruned" else "FAILED")
+        with store.writing():
+            _log_unfinished(store.uri, experiment, parent, study, result)
     except Exception as exc:  # noqa: BLE001
         _warn(f"run of trial {result.name}", exc)
 
 
-def close_parent(uri: str, parent: str | None, best: TrialResult | None, plot: Path | None, table: str) -> None:
+def _log_unfinished(uri: str, experiment: str, parent: str | None, study: str, result: TrialResult) -> None:
+    from mlflow.entities import Metric, Param
+
+    client = mlflow_store.client(uri)
+    exp_id = mlflow_store.experiment_id(client, experiment, uri)
+    trial_tag = f"{study}:{result.number}"
+    tags = {
+        "sweep.trial": trial_tag,
+        "sweep.state": result.state,
+        "source": "make sweep",
+        "sweep.message": result.message[:5000],
+    }
+    # A trial that failed after its gate (its experiment could not be fetched) has its run under this
+    # sweep's parent already: marked failed, not doubled
+    mine = f"tags.`sweep.trial` = '{trial_tag}' and tags.`mlflow.parentRunId` = '{parent}'"
+    logged = client.search_runs([exp_id], filter_string=mine, max_results=1) if parent else []
+    if logged:
+        for key in ("sweep.state", "sweep.message"):
+            client.set_tag(logged[0].info.run_id, key, tags[key])
+        client.set_terminated(logged[0].info.run_id, "FAILED")
+        return
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    run = client.create_run(exp_id, run_name=result.name, tags=tags)
+    now = run.info.start_time
+    values = {**result.values, **({"seed": result.seed} if result.seed is not None else {})}
+    metrics = [Metric("val_accuracy", acc, now, epoch) for epoch, acc in enumerate(result.epochs, start=1)]
+    metrics.append(Metric("epochs_run", float(len(result.epochs)), now, 0))
+    client.log_batch(run.info.run_id, metrics=metrics, params=[Param(k, str(v)) for k, v in values.items()])
+    client.set_terminated(run.info.run_id, "KILLED" if result.state == "pruned" else "FAILED")
+
+
+def close_parent(store: Store, parent: str | None, best: TrialResult | None, plot: Path | None, table: str) -> None:
     if parent is None:
         return
     try:
-        from mlflow.entities import Metric, RunTag
-
-        client = mlflow_store.client(uri)
-        if best is not None and best.val_accuracy is not None:
-            now = client.get_run(parent).info.start_time
-            metrics = [Metric("best_val_accuracy", best.val_accuracy, now, 0)]
-            if best.test_accuracy is not None:
-                metrics.append(Metric("best_test_accuracy", best.test_accuracy, now, 0))
-            # tags, not params: a param is written once, and a resumed sweep may find a better trial
-            tags = [RunTag(f"best.{k}", str(v)) for k, v in best.values.items()]
-            tags.append(RunTag("sweep.best", best.name))
-            client.log_batch(parent, metrics=metrics, tags=tags)
-        if plot is not None and plot.is_file():
-            client.log_artifact(parent, str(plot))
-        client.log_text(parent, table, "comparison.md")
-        client.set_terminated(parent, "FINISHED")
+        with store.writing():
+            _close_parent(store.uri, parent, best, plot, table)
     except Exception as exc:  # noqa: BLE001
         _warn("parent run", exc)
+
+
+def _close_parent(uri: str, parent: str, best: TrialResult | None, plot: Path | None, table: str) -> None:
+    from mlflow.entities import Metric, RunTag
+
+    client = mlflow_store.client(uri)
+    if best is not None and best.val_accuracy is not None:
+        now = client.get_run(parent).info.start_time
+        metrics = [Metric("best_val_accuracy", best.val_accuracy, now, 0)]
+        if best.test_accuracy is not None:
+            metrics.append(Metric("best_test_accuracy", best.test_accuracy, now, 0))
+        # tags, not params: a param is written once, and a resumed sweep may find a better trial
+        tags = [RunTag(f"best.{k}", str(v)) for k, v in best.values.items()]
+        tags.append(RunTag("sweep.best", best.name))
+        client.log_batch(parent, metrics=metrics, tags=tags)
+    if plot is not None and plot.is_file():
+        client.log_artifact(parent, str(plot))
+    client.log_text(parent, table, "comparison.md")
+    client.set_terminated(parent, "FINISHED")
 
 
 def seed_stats(runs: Sequence[float]) -> tuple[float, float | None]:

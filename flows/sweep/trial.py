@@ -1,16 +1,19 @@
 """One sweep trial: a DVC experiment (`dvc exp run -n <name> -S key=value ...`) in its own temporary copy.
 
-The copy is a `git clone --shared` of this repository at its HEAD commit under runs/sweep/<study>/, sharing
-this workspace's DVC cache (hard links where the file system allows): the committed run's outputs come from
-the cache, so only train and what follows it run, and what the trial makes lands in the same cache. Trials
+The copy is a `git clone --shared` of this repository at its HEAD commit, in a folder of its own under
+runs/sweep/<study>/, sharing this workspace's DVC cache (flows/scratch.py; hard links where the file system
+allows): the committed run's outputs come from the cache, so only train and what follows it run, and what the
+trial makes lands in the same cache. Trials
 never share a workspace, a dvc.lock or DVC's experiment refs (DVC's own queue with -j > 1 does, and has lost
 experiments). A finished trial's experiment ref is fetched into this repository, so `dvc exp show` lists it
 and `dvc exp apply <name>` applies it (its outputs are in the shared cache).
 
 While it runs, each epoch's validation accuracy (the train stage's `epoch N: ... val loss L acc A` line) is
-handed to `report`; when that says prune, the trial's process group is stopped and the copy removed: a
+handed to `report`; when that says prune, the trial's process group is stopped and its folder removed: a
 pruned trial leaves no model.pt, no lock entry, no verdict and no experiment. A trial whose process dies
 (kill -9 included) is a failed trial; the copy goes all the same, and the workspace is never touched.
+With the project's MLflow store a SQLite file, the trial's gate logs into a store of its own in the trial's
+folder, which the sweep copies into the project's when the trial ends (flows/sweep/store.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,13 +32,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from flows.scratch import ProcessGroup, cache_dir, copy_local_config
 from flows.sweep.space import set_args
+from flows.sweep.store import Store
 from tasks.core.io import read_json
 
 EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
 _FETCH = threading.Lock()  # one `git fetch` into this repository at a time
-_LIVE: set[subprocess.Popen[str]] = set()  # the trials running now (stop_all stops them)
+_LIVE: set[ProcessGroup] = set()  # the trials running now (stop_all stops them)
 _LIVE_LOCK = threading.Lock()
 
 
@@ -64,11 +70,6 @@ def _dvc(*args: str) -> list[str]:
     return [sys.executable, "-m", "dvc", *args]
 
 
-def cache_dir(repo: Path) -> Path:
-    proc = _run(_dvc("cache", "dir"), repo)
-    return Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else repo / ".dvc" / "cache"
-
-
 def prepare_copy(repo: Path, copy: Path, commit: str, cache: Path) -> None:
     """A clone of `commit` in `copy` that shares this repository's objects and DVC cache, its outputs checked out."""
     steps = [
@@ -79,9 +80,7 @@ def prepare_copy(repo: Path, copy: Path, commit: str, cache: Path) -> None:
         proc = _run(args, cwd)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args[:2])} failed: {proc.stderr.strip()[-300:]}")
-    local = repo / ".dvc" / "config.local"
-    if local.is_file():
-        shutil.copy2(local, copy / ".dvc" / "config.local")
+    copy_local_config(repo, copy)
     for args in (
         ("cache", "dir", "--local", str(cache)),
         ("config", "--local", "cache.type", "hardlink,symlink,copy"),
@@ -108,45 +107,19 @@ def fetch_experiment(repo: Path, copy: Path, name: str) -> str | None:
 
 
 def clear_leftovers(workdir: Path) -> list[Path]:
-    """A killed sweep's trial copies: any process still working in one is killed, then the copy removed. Called
-    under the study's lock, so no live sweep owns them. Returns the copies removed."""
+    """A killed sweep's trial folders: any process still working in one is killed, then the folder removed. Called
+    under the study's lock, so no live sweep owns them. Returns the folders removed."""
     if not workdir.is_dir():
         return []
-    copies = [p for p in workdir.iterdir() if p.is_dir()]
-    for proc_dir in Path("/proc").glob("[0-9]*"):
-        try:
-            cwd = (proc_dir / "cwd").resolve(strict=True)
-        except OSError:
-            continue
-        if any(cwd == c.resolve() or c.resolve() in cwd.parents for c in copies):
-            with contextlib.suppress(OSError):
-                os.kill(int(proc_dir.name), signal.SIGKILL)
-    for copy in copies:
-        shutil.rmtree(copy, ignore_errors=True)
-    return copies
-
-
-def _stop(proc: subprocess.Popen[str], grace_s: float = 20.0) -> None:
-    """The trial's whole process group (dvc, the stage, its threads): SIGTERM, then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def core_slots(parallel: int) -> list[list[int]] | None:
-    """The CPUs of `parallel` trials sharing this machine: disjoint sets, as even as the cores allow (one core
-    each, shared round-robin, when there are fewer cores than trials). None where no CPU affinity can be set."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    return [cores[i::parallel] or [cores[i % len(cores)]] for i in range(parallel)]
+    folders = [p.resolve() for p in workdir.iterdir() if p.is_dir()]
+    for proc in psutil.process_iter(["cwd"]):
+        cwd = proc.info["cwd"]  # None where it cannot be read (another user's process, one that just ended)
+        if cwd and any(Path(cwd).is_relative_to(f) for f in folders):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    return folders
 
 
 def stop_all() -> int:
@@ -154,8 +127,8 @@ def stop_all() -> int:
     SIGKILL. Each trial's thread then sees it failed and removes its copy. Returns how many were stopped."""
     with _LIVE_LOCK:
         live = list(_LIVE)
-    for proc in live:
-        _stop(proc, grace_s=5.0)
+    for group in live:
+        group.stop(grace_s=5.0)
     return len(live)
 
 
@@ -170,12 +143,18 @@ def run_trial(
     log: Callable[[str], None],
     extra_sets: list[str] | None = None,
     cores: list[int] | None = None,
+    store: Store | None = None,
 ) -> TrialResult:
     """Run the trial to its end, its pruning or its failure; fill in `result` and return it. `cores`: the CPUs
-    its processes may use (trials that share a machine get disjoint ones; train.threads 0 then counts them)."""
+    its processes may use (trials that share a machine get disjoint ones; train.threads 0 then counts them).
+    `store`: the project's MLflow store (None: the gate logs where `env` says)."""
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    copy = Path(tempfile.mkdtemp(prefix=f"{result.name}-", dir=workdir))
+    folder = Path(tempfile.mkdtemp(prefix=f"{result.name}-", dir=workdir))
+    copy = folder / "repo"
+    own = store.for_trial(folder / "mlflow") if store is not None else None
+    if own is not None:
+        env = {**env, "MLFLOW_TRACKING_URI": own}
     try:
         prepare_copy(repo, copy, commit, cache_dir(repo))
         seed = ["-S", f"seed={result.seed}"] if result.seed is not None else []
@@ -183,51 +162,42 @@ def run_trial(
         log(f"trial {result.name}: {' '.join(command[2:])}  (in {copy})")
         tail: list[str] = []
         pruned = False
-        with subprocess.Popen(
-            command,
-            cwd=copy,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        ) as proc:
-            assert proc.stdout is not None
+        with ProcessGroup(command, cwd=copy, env=env, capture=True) as group:
             with _LIVE_LOCK:
-                _LIVE.add(proc)
-            if cores:  # before dvc starts a thread or a stage: all of them inherit it
-                os.sched_setaffinity(proc.pid, cores)
-            for raw in proc.stdout:
-                line = raw.rstrip().rsplit("\r", 1)[-1]
-                if not line:
-                    continue
-                tail = [*tail[-29:], line]
-                if not PROGRESS.search(line) or "100%|" in line:  # a progress bar: its last redraw only
-                    log(f"[{result.name}] {line}")
-                match = EPOCH_LINE.search(line)
-                if match:
-                    accuracy = float(match.group(2))
-                    result.epochs.append(accuracy)
-                    if report is not None and report(int(match.group(1)), accuracy):
-                        pruned = True
-                        _stop(proc)
-                        break
-            proc.wait()
-            with _LIVE_LOCK:
-                _LIVE.discard(proc)
+                _LIVE.add(group)
+            try:
+                if cores:  # before dvc starts a thread or a stage: all of them inherit it
+                    os.sched_setaffinity(group.pid, cores)
+                for line in group.lines():
+                    tail = [*tail[-29:], line]
+                    if not PROGRESS.search(line) or "100%|" in line:  # a progress bar: its last redraw only
+                        log(f"[{result.name}] {line}")
+                    match = EPOCH_LINE.search(line)
+                    if match:
+                        accuracy = float(match.group(2))
+                        result.epochs.append(accuracy)
+                        if report is not None and report(int(match.group(1)), accuracy):
+                            pruned = True
+                            group.stop()
+                            break
+                returncode = group.wait()
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.discard(group)
         if pruned:
             result.state = "pruned"
             result.message = f"pruned after epoch {len(result.epochs)} (validation accuracy {result.epochs[-1]:.4f})"
-        elif proc.returncode != 0:
+        elif returncode != 0:
             result.state = "failed"
-            result.message = f"dvc exp run exited {proc.returncode}; last lines:\n" + "\n".join(tail[-12:])
+            result.message = f"dvc exp run exited {returncode}; last lines:\n" + "\n".join(tail[-12:])
         else:
             _finish(repo, copy, result)
     except Exception as exc:  # noqa: BLE001 - a trial that cannot start is a failed trial, not a failed sweep
         result.state, result.message = "failed", f"{type(exc).__name__}: {exc}"
     finally:
-        shutil.rmtree(copy, ignore_errors=True)
+        if own is not None and store is not None:  # what the gate logged, failed or not, before its folder goes
+            store.merge(own)
+        shutil.rmtree(folder, ignore_errors=True)
         result.seconds = round(time.monotonic() - started, 1)
     return result
 

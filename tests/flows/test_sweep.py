@@ -5,6 +5,7 @@ study is refused; a pruned trial leaves nothing; the best trial can be applied w
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -12,11 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
+from optuna.distributions import FloatDistribution
 
 from flows.sweep import report
+from flows.sweep.seeds import rerun_seeds, seeds_path
 from flows.sweep.space import SpaceError, check_space
+from flows.sweep.store import Store
 from flows.sweep.study import SweepBusy, open_study, study_lock, study_uid
 from flows.sweep.trial import TrialResult
 from tasks.core.experiment_params import SearchRange
@@ -99,40 +104,74 @@ def test_the_parent_run_is_the_studys_own_and_its_best_follows_a_resume(tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = load_params(ROOT / "params.yaml").sweep
     runs = tmp_path / "runs"
+    store = Store.of(uri, runs)
     journal = runs / "sweep" / f"{sweep.study}.journal"
-    first = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
-    again = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    first = report.parent_run(store, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    again = report.parent_run(store, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
     assert first and again == first
 
     one = TrialResult(number=0, name="t0", values={"train.lr": 0.01}, seed=None, state="complete", val_accuracy=0.8)
-    report.close_parent(uri, first, one, None, "table")
+    report.close_parent(store, first, one, None, "table")
     two = TrialResult(number=1, name="t1", values={"train.lr": 0.05}, seed=None, state="complete", val_accuracy=0.9)
-    report.close_parent(uri, first, two, None, "table")  # the resumed sweep's better trial
+    report.close_parent(store, first, two, None, "table")  # the resumed sweep's better trial
     parent = tracking.client(uri).get_run(first)
     assert parent.data.tags["sweep.best"] == "t1" and parent.data.tags["best.train.lr"] == "0.05"
     assert parent.data.metrics["best_val_accuracy"] == 0.9
 
     journal.unlink()
-    fresh = report.parent_run(uri, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
+    fresh = report.parent_run(store, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
     assert fresh and fresh != first
 
 
 @pytest.mark.fast
 def test_a_trial_that_fails_after_its_gate_logged_it_is_one_failed_child_not_two(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = Store.of(uri, tmp_path / "runs")
     client = tracking.client(uri)
-    old_parent = report.parent_run(uri, "imagepipe", "s", "old-uid", tmp_path / "j")
-    parent = report.parent_run(uri, "imagepipe", "s", "new-uid", tmp_path / "j")
+    old_parent = report.parent_run(store, "imagepipe", "s", "old-uid", tmp_path / "j")
+    parent = report.parent_run(store, "imagepipe", "s", "new-uid", tmp_path / "j")
     exp_id = client.get_experiment_by_name("imagepipe").experiment_id
     for owner in (old_parent, parent):  # the gate's run of trial 0, in an earlier study of that name and in this one
         client.create_run(exp_id, tags={"sweep.trial": "s:0", "mlflow.parentRunId": owner, "sweep.state": "complete"})
     failed = TrialResult(number=0, name="s-t000", values={"train.lr": 0.01}, seed=None, state="failed",
                          message="git fetch of experiment s-t000 failed")  # fmt: skip
-    report.log_unfinished(uri, "imagepipe", parent, "s", failed)
+    report.log_unfinished(store, "imagepipe", parent, "s", failed)
     runs = client.search_runs([exp_id], filter_string="tags.`sweep.trial` = 's:0'")
     states = {r.data.tags["mlflow.parentRunId"]: (r.data.tags["sweep.state"], r.info.status) for r in runs}
     assert len(runs) == 2 and states[parent] == ("failed", "FAILED")
     assert states[old_parent] == ("complete", "RUNNING")  # another study's run of the same name is untouched
+
+
+@pytest.mark.fast
+def test_seed_reruns_belong_to_their_study_and_a_study_started_over_runs_its_own(tmp_path: Path) -> None:
+    """runs/sweep/<study>.seeds.json is the study's (its journal's uid): a resume reruns only what is missing; a
+    study started over after its journal was deleted, whose best trial has the old one's name, reruns it."""
+    sweep = load_params(ROOT / "params.yaml").sweep.model_copy(update={"study": "s", "seeds": 2, "rerun_top": 1})
+    runs, asked = tmp_path / "runs", []
+
+    def submit(name: str, number: int, values: dict[str, Any], seed: int, tag: str) -> TrialResult:
+        asked.append((name, seed))
+        return TrialResult(number=number, name=name, values=values, seed=seed, state="complete",
+                           val_accuracy=0.5 + len(asked) / 10)  # fmt: skip
+
+    def study_with_its_best(value: float) -> tuple[Any, str]:
+        study = open_study(runs, sweep, 3)
+        study.add_trial(optuna.trial.create_trial(
+            params={"train.lr": 0.01}, distributions={"train.lr": FloatDistribution(1e-6, 0.2, log=True)},
+            value=value, user_attrs={"name": "s-t000"},
+        ))  # fmt: skip
+        return study, study_uid(study)
+
+    def rerun(study: Any, uid: str) -> dict[str, list[float]]:
+        return rerun_seeds(study, sweep, 42, seeds_path(runs, "s"), uid, submit, logging.getLogger("test"))
+
+    first, uid = study_with_its_best(0.8)
+    assert rerun(first, uid) == {"s-t000": [0.6]} and asked == [("s-t000-seed43", 43)]
+    assert rerun(first, uid) == {"s-t000": [0.6]} and len(asked) == 1  # a resume: nothing missing, nothing rerun
+    (runs / "sweep" / "s.journal").unlink()  # the docs' "start over"
+    again, new_uid = study_with_its_best(0.7)
+    assert new_uid != uid
+    assert rerun(again, new_uid) == {"s-t000": [0.7]} and asked[1:] == [("s-t000-seed43", 43)]
 
 
 @pytest.fixture(scope="module")
