@@ -46,10 +46,12 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
 WRITES_NO_OUTPUT = (
     "tqdm",
     "dvc",
+    "dvc-data",
+    "dvc-objects",
     "mlflow",
     "mlflow-skinny",
     "mlflow-tracing",
-)  # mlflow: the gate mirrors the record into the experiment table
+)  # dvc*: the ledger's hashes of what a stage wrote (tasks/core/provenance.py); mlflow: the experiment table
 
 # /proc/cpuinfo flags that make torch (ATen, oneDNN) or onnxruntime pick other kernels: x86's `flags`, then
 # aarch64's `Features` (NEON dot product, half precision, SVE, bf16 and int8 matrix instructions).

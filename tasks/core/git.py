@@ -7,13 +7,16 @@ import subprocess
 from pathlib import Path
 
 
-def git_output(repo: Path, *args: str, timeout_s: float = 30) -> str | None:
-    """stdout of `git <args>` in `repo`, stripped; None when git is missing, fails or takes over `timeout_s`."""
+def git_output(repo: Path, *args: str, timeout_s: float = 30, strip: bool = True) -> str | None:
+    """stdout of `git <args>` in `repo` (stripped unless `strip` is False: porcelain's status columns start with a
+    space); None when git is missing, fails or takes over `timeout_s`."""
     try:
         proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() if strip else proc.stdout
 
 
 def head_commit(repo: Path) -> str | None:
@@ -23,5 +26,6 @@ def head_commit(repo: Path) -> str | None:
 
 def changed_files(repo: Path, *paths: str) -> list[str]:
     """Tracked files that differ from HEAD, staged or not (limited to `paths` when given)."""
-    out = git_output(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z", *(["--", *paths] if paths else []))
+    out = git_output(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z", *(["--", *paths] if paths else []),
+                     strip=False)  # fmt: skip
     return [entry[3:] for entry in (out or "").split("\0") if entry]  # "XY path"
