@@ -12,6 +12,7 @@ and `make check-reproduced` can say which of these differed from the committed r
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from importlib import metadata
@@ -79,15 +80,18 @@ def cpu_threads(requested: int, processes_per_node: int) -> int:
     return requested or max(1, usable_cores() // processes_per_node)
 
 
+@functools.cache
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
 def library_versions(names: tuple[str, ...]) -> dict[str, str]:
-    """Installed version of each library, `absent` when it is not installed."""
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
+    """Installed version of each library, `absent` when it is not installed (each looked up once a process:
+    the environment stage asks for six stages' lists, mostly the same libraries)."""
+    return {name: _version(name) for name in names}
 
 
 def pinned(constraints: Path = Path("constraints.txt")) -> dict[str, str]:

@@ -463,7 +463,7 @@ def parse_params(raw: object, source: str = "params.yaml") -> Params:
 
 def load_params(path: Path = PARAMS_FILE) -> Params:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where there
     except FileNotFoundError:
         raise ParamsError(f"{path}: file not found") from None
     except yaml.YAMLError as exc:

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file
+
+if TYPE_CHECKING:  # pyarrow loads where shards are read or written: the manifest alone needs none
+    import pyarrow as pa
 
 MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.json"
@@ -35,6 +37,8 @@ class ShardError(StageError):
 
 
 def shard_schema(image_size: int) -> pa.Schema:
+    import pyarrow as pa
+
     return pa.schema(
         [
             pa.field("image", pa.list_(pa.uint8(), 3 * image_size * image_size)),
@@ -56,6 +60,8 @@ def schema_description(image_size: int) -> dict[str, Any]:
 
 
 def _record_batch(images: np.ndarray, labels: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    import pyarrow as pa
+
     size = images.shape[-1]
     flat = pa.array(np.ascontiguousarray(images, dtype=np.uint8).reshape(-1), type=pa.uint8())
     column = pa.FixedSizeListArray.from_arrays(flat, 3 * size * size)
@@ -92,6 +98,8 @@ class ShardWriter:
             self._flush()
 
     def _flush(self) -> None:
+        import pyarrow as pa
+
         if not self._labels or self._buffer is None:
             return
         if self._writer is None:
@@ -124,6 +132,8 @@ class ShardWriter:
 
 def write_shard(path: Path, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     """Write (N, 3, S, S) uint8 images + labels as one Arrow IPC file; returns its manifest entry."""
+    import pyarrow as pa
+
     path = Path(path)
     schema = shard_schema(images.shape[-1])
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
@@ -146,6 +156,8 @@ def load_manifest(shard_dir: Path) -> dict[str, Any]:
 
 def _read_shard(path: Path, entry: dict[str, Any], size: int, verify: bool) -> tuple[list[np.ndarray], np.ndarray]:
     """Memory-map one shard: a (n, 3, S, S) view per record batch, and its labels."""
+    import pyarrow as pa
+
     if not path.is_file():
         raise ShardError(f"{path}: shard listed in the manifest is missing")
     if verify and sha256_file(path) != entry["sha256"]:

@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 from pydantic import ValidationError
 
 from tasks.images.imaging import PreprocessSpec, load_array, normalize_array
+
+if TYPE_CHECKING:  # onnxruntime loads when a session is made: a gate that reuses its scores needs none
+    import onnxruntime as ort
 
 SPEC_KEY = "preprocess_spec"
 CLASS_NAMES_KEY = "class_names"
@@ -64,6 +67,8 @@ def spec_from_metadata(metadata: Mapping[str, str], source: str) -> PreprocessSp
 
 
 def session_options(threads: int) -> ort.SessionOptions:
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
@@ -91,6 +96,8 @@ class OnnxModel:
         path = Path(path)
         data = path.read_bytes()
         digest = verify_sha256(path, data, expected_sha256)
+        import onnxruntime as ort
+
         session = ort.InferenceSession(data, session_options(threads), providers=["CPUExecutionProvider"])
         metadata = dict(session.get_modelmeta().custom_metadata_map)
         return cls(path, digest, spec_from_metadata(metadata, str(path)), metadata, session)

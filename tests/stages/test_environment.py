@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.metadata import packages_distributions
@@ -104,3 +105,14 @@ def test_the_stage_imports_no_torch_on_a_machine_without_a_gpu() -> None:
            "resolve(Params()); print('torch' in sys.modules)"  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_the_environment_stage_declares_each_train_and_export_key_it_reads() -> None:
+    """It declares train and export key by key (a whole section would fill dvc.lock, which DVC rewrites on every
+    no-op): every `t.<key>` (params.train) and `params.export.<key>` it reads is one of them."""
+    source = (ROOT / "tasks" / "environment.py").read_text()
+    read = {f"train.{k}" for k in re.findall(r"\bt\.(\w+)\b(?!\()", source)} | {
+        f"export.{k}" for k in re.findall(r"\bparams\.export\.(\w+)", source)
+    }
+    declared = set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["environment"]["params"])
+    assert read and read <= declared, sorted(read - declared)
