@@ -45,7 +45,7 @@ from tasks.core.experiment_params import SweepParams
 from tasks.core.git import changed_files, git_output, head_commit
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
-from tasks.release import tracking
+from tasks.release import run_record, tracking
 
 # A trial is an experiment: never the gate's enforcement switches of the environment it was started from
 NOT_INHERITED = ("DVC_EXP_NAME", "ALLOW_REGRESSION")
@@ -82,7 +82,7 @@ def _trial_env(uri: str, parent: str | None, study: str) -> dict[str, str]:
     env["MLFLOW_TRACKING_URI"] = uri
     if parent:
         env[tracking.PARENT_ENV] = parent
-    env[tracking.TRIAL_ENV] = study
+    env[run_record.TRIAL_ENV] = study
     with contextlib.suppress(Exception):  # outside a flow run there is none to name
         env["PREFECT__FLOW_RUN_ID"] = str(runtime.flow_run.id)
     return env

@@ -22,7 +22,7 @@ from flows.sweep.store import Store
 from flows.sweep.study import counted
 from flows.sweep.trial import TrialResult, run_trial
 from tasks.core.experiment_params import SweepParams
-from tasks.release import tracking
+from tasks.release import run_record
 
 MAX_FAILURES_IN_A_ROW = 3  # then the sweep stops, naming the last failure: a broken pipeline fails every trial
 
@@ -55,7 +55,7 @@ class Run:
 
     def submit(self, name: str, number: int, values: dict[str, Any], seed: int | None, tag: str,
                trial: optuna.Trial | None, pinned: bool = False) -> Any:  # fmt: skip
-        env = {**self.env, tracking.TRIAL_ENV: tag}
+        env = {**self.env, run_record.TRIAL_ENV: tag}
         # quote: Prefect passes the Run as it is, without visiting (and rebuilding) its fields
         return trial_task.submit(quote(self), name, number, values, seed, env, trial, self.cpus if pinned else None)
 

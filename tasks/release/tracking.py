@@ -22,7 +22,6 @@ from typing import Any
 from tasks.core.io import read_json, write_json
 from tasks.core.params import Params
 from tasks.release.mlflow_store import Record, client, log_record, quiet_http, sqlite_file
-from tasks.release.run_record import TRIAL_ENV as TRIAL_ENV  # the sweep sets it (flows/sweep_flow.py)
 from tasks.release.run_record import gather, nightly_record
 
 log = logging.getLogger(__name__)
