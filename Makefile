@@ -51,8 +51,11 @@ run: setup
 	@$(BIN)/python -m tasks.tools.recompute
 	@$(BIN)/python -m tasks.tools.summary
 
+# Two pytest workers, each taking whole test files (module fixtures stay built once); the ten slowest tests
+# are printed. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: setup serve-venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 test-slow: setup serve-venv
 	$(BIN)/python -m pytest -m slow
