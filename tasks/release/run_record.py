@@ -176,6 +176,9 @@ def gather(p: Params, root: Path) -> Record:
     if "passed" in gate:
         metrics["gate_passed"] = 1.0 if gate["passed"] else 0.0
     tags = {KEY_TAG: key, "gate.verdict": str(gate.get("verdict", "none")), **lineage_tags(p, root)}
+    scored = (reports["regression"] or {}).get("test_set_sha256")
+    if scored:  # the set the gate scored, as the verdict names it
+        tags["data.test_sha256"] = str(scored)
     history = _read(root / paths.train_history) or []
     artifacts = [root / f for f in (paths.confusion_png, paths.errors_gallery, paths.train_curves, paths.regression_md)]
     name = tags["dvc.experiment"] or f"{tags['source'].replace(' ', '-')}-{key[:8]}"
@@ -193,5 +196,7 @@ def nightly_record(
     key = hashlib.sha256(json.dumps([onnx_sha256, verdict, metrics], sort_keys=True, default=str).encode()).hexdigest()
     tags = {KEY_TAG: key, "gate.verdict": verdict, **lineage_tags(p, root, flow_run), "source": "regression-flow",
             "production.onnx_sha256": onnx_sha256}  # fmt: skip
+    if metrics.get("test_set_sha256"):  # the nightly scores the promoted test set, not today's whole split
+        tags["data.test_sha256"] = str(metrics["test_set_sha256"])
     values = {**test_metrics(metrics), "gate_passed": 1.0 if passed else 0.0}
     return Record(key, f"nightly-{key[:8]}", flat_params(root), values, [], tags, [])

@@ -166,3 +166,23 @@ def test_the_record_key_is_the_model_and_its_scores_not_how_the_gate_was_enforce
     rescored = {**reports, "regression": {**reports["regression"], "metrics": {**scores, "accuracy": 0.91}}}
     assert record_key(rescored) != record_key(reports)
     assert record_key({**reports, "gate": {**reports["gate"], "passed": False}}) != record_key(reports)
+
+
+def test_the_test_set_tag_is_the_set_that_was_scored(tmp_path: Path) -> None:
+    """MLflow's data.test_sha256 names the images the verdict scored: regression.json's test_set_sha256 for a gate,
+    the promoted set's for a nightly (not today's whole test split, which grows after `make add-data INTO=`)."""
+    from tasks.images.image_set import image_set_sha256
+    from tasks.release.run_record import gather, nightly_record
+
+    root = _project(tmp_path / "proj")
+    params = load_params(root / "params.yaml")
+    shards = root / params.paths.shards
+    shards.mkdir(parents=True)
+    today = [{"sha256": c * 64, "split": "test", "label": 0} for c in "abc"]  # today's split: three images
+    (shards / "manifest.json").write_text(json.dumps({"files": today, "class_names": ["a"]}))
+    promoted = image_set_sha256(["a" * 64, "b" * 64])
+    regression = root / params.paths.regression_json
+    regression.write_text(json.dumps({"verdict": "pass", "test_set_sha256": promoted}))
+    assert gather(params, root).tags["data.test_sha256"] == promoted
+    night = nightly_record(params, root, {"accuracy": 0.9, "test_set_sha256": promoted}, "pass", True, "f" * 64)
+    assert night.tags["data.test_sha256"] == promoted
