@@ -14,6 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.core.environment import ALLOW_HOOKS_ENV, HOOKS_ENV
+from tasks.release.gate import OVERRIDE
+from tasks.release.run_record import FLOW_RUN_URL_ENV
+
 LOG_TAIL_LINES = 40
 
 
@@ -48,7 +52,7 @@ def stage_env(drop: Iterable[str] = ()) -> dict[str, str]:
 
             if runtime.flow_run.id:
                 env.setdefault("PREFECT__FLOW_RUN_ID", str(runtime.flow_run.id))
-                env.setdefault("IMAGEPIPE_FLOW_RUN_URL", flow_run_url(runtime.flow_run.id))
+                env.setdefault(FLOW_RUN_URL_ENV, flow_run_url(runtime.flow_run.id))
     return env
 
 
@@ -74,21 +78,21 @@ def stream(command: Sequence[str], *, cwd: Path, log: Callable[[str], None]) -> 
 # a placed stage runs in. A flow run's job variables could set them on a worker; the work pools' base job
 # template (flows/process_pool_template.json) no longer lets a flow run set any `env`, and the flows refuse
 # to start when one is there all the same (a worker started with it, an older pool).
-OVERRIDING_ENV = {
+GATE_ENV = {
     "DVC_EXP_NAME": "the regression gate (set by `dvc exp run`: the verdict would be recorded, not enforced)",
-    "ALLOW_REGRESSION": "the regression gate (accepts a regression)",
-    "IMAGEPIPE_TRAIN_HOOKS": "the training hooks (test code loaded into the train stage)",
-    "IMAGEPIPE_ALLOW_TEST_HOOKS": "the training hooks",
-    "IMAGEPIPE_FAULT": "the training hooks (planted faults)",
-    "IMAGEPIPE_CHECKOUT": "the checkout a stage runs in",
+    OVERRIDE: "the regression gate (accepts a regression)",
 }
+HOOK_ENV = {
+    HOOKS_ENV: "the training hooks (test code loaded into the train stage)",
+    ALLOW_HOOKS_ENV: "the training hooks",
+    "IMAGEPIPE_FAULT": "the training hooks (planted faults: tests/helpers/faults.py)",
+}
+CHECKOUT_ENV = "IMAGEPIPE_CHECKOUT"  # a worker's own checkout (scripts/prefect.sh worker): run-stage's pull step
+OVERRIDING_ENV = {**GATE_ENV, **HOOK_ENV, CHECKOUT_ENV: "the checkout a stage runs in"}
 
 
 class OverriddenEnvironment(RuntimeError):
     """A flow's environment carries a variable that changes the gate, the hooks or the checkout."""
-
-
-CHECKOUT_ENV = "IMAGEPIPE_CHECKOUT"  # a worker's own checkout (scripts/prefect.sh worker): run-stage's pull step
 
 
 def refuse_overriding_env(flow: str) -> None:
