@@ -13,19 +13,20 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows.sweep import report
 from flows.sweep.scheduler import Run
+from flows.sweep.study import trial_name
 from flows.sweep.trial import TrialResult
 
 ARTIFACT_KEY = "sweep-comparison"
 
 
-def result_of(trial: Any) -> TrialResult:
+def result_of(trial: Any, study_name: str) -> TrialResult:
     """A trial of an earlier (resumed) sweep, from what the journal kept."""
     attrs = trial.user_attrs
     state = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned"}.get(trial.state, "failed")
     epochs = [trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
     return TrialResult(
         number=trial.number,
-        name=attrs.get("name", f"t{trial.number}"),
+        name=trial_name(study_name, trial),
         values=dict(trial.params),
         seed=None,
         state=state,
@@ -42,7 +43,7 @@ def conclude(
     sweep, epochs = run.sweep, run.epochs
     mine = {r.number for r in results}
     earlier = [
-        result_of(t)
+        result_of(t, sweep.study)
         for t in study.get_trials(deepcopy=False)
         if t.number not in mine and t.state in (TrialState.COMPLETE, TrialState.PRUNED)
     ]

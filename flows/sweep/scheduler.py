@@ -19,7 +19,7 @@ from prefect.utilities.annotations import quote
 from flows.sweep import cpus, report
 from flows.sweep.space import suggest
 from flows.sweep.store import Store
-from flows.sweep.study import counted
+from flows.sweep.study import counted, trial_name
 from flows.sweep.trial import TrialResult, run_trial
 from tasks.core.experiment_params import SweepParams
 from tasks.release import run_record
@@ -108,7 +108,7 @@ def run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
                and failures < MAX_FAILURES_IN_A_ROW):  # fmt: skip
             trial = study.ask()
             values = suggest(trial, sweep.space)
-            name = f"{sweep.study}-t{trial.number:03d}"
+            name = trial_name(sweep.study, trial)
             trial.set_user_attr("name", name)
             logger.info("trial %s: %s", name, values)
             future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial, pinned=True)

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from flows.sweep.study import trial_name
 from flows.sweep.trial import TrialResult
 from tasks.core.experiment_params import SweepParams
 from tasks.core.io import read_json, write_json
@@ -47,7 +48,7 @@ def rerun_seeds(
         (t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE), key=lambda t: -t.value
     )[: sweep.rerun_top]
     for trial in best:
-        name = trial.user_attrs.get("name", f"{sweep.study}-t{trial.number:03d}")
+        name = trial_name(sweep.study, trial)
         for k in range(1, sweep.seeds):
             if str(seed + k) in done.get(name, {}):
                 continue

@@ -92,6 +92,12 @@ def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
     return study
 
 
+def trial_name(study_name: str, trial: optuna.trial.FrozenTrial | optuna.Trial) -> str:
+    """A trial's name (its DVC experiment's and MLflow run's): the one it was given when asked, else
+    `<study>-tNNN`; every part of the sweep asks here."""
+    return str(trial.user_attrs.get("name") or f"{study_name}-t{trial.number:03d}")
+
+
 def study_uid(study: optuna.Study) -> str:
     """This study's identity, kept in its journal: the same after a resume, new after the journal is deleted."""
     return str(study.user_attrs[UID])
