@@ -110,7 +110,7 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         )
     runs = repo / params.paths.runs
     epochs = _epochs(repo)
-    store = Store.of(tracking.tracking_uri(tracking.project_root(repo)), runs)
+    store = Store(tracking.tracking_uri(tracking.project_root(repo)))
     workdir = runs / "sweep" / sweep.study
     with study_lock(runs, sweep.study):
         leftovers = clear_leftovers(workdir)

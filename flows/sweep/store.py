@@ -9,14 +9,14 @@ together on a new store, one failed, 3 times of 3: "duplicate column name" or an
   params, every metric's history, its tags (the sweep's parent among them), artifacts, status and times; a run
   whose record key the project's store has already is not copied twice, as the gate would not log it twice;
 - every write of a sweep to the project's store (the parent run, a pruned or failed trial, a merge, the
-  comparison) holds `writing()`, an flock on runs/sweep/mlflow.lock: the trials' threads and another study's
-  sweep in the same project write one at a time. The kernel frees the lock when its holder dies.
+  comparison) holds the store's writer lock (tasks/release/mlflow_store.writing, `<database>.lock`), as every
+  gate, promote and nightly does: the trials' threads, another study's sweep and a `make run` write one at a
+  time. The kernel frees the lock when its holder dies.
 Another tracking server takes concurrent writers itself: there the trials' gates write to it directly.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -29,27 +29,19 @@ from tasks.release import mlflow_store
 
 log = logging.getLogger(__name__)
 
-LOCK = "mlflow.lock"  # under runs/sweep/
 BATCH = 100  # MLflow takes at most 100 params (and 1000 metrics) per log_batch
 
 
 @dataclass(frozen=True)
 class Store:
-    """The project's tracking URI and the lock its writers share (runs/sweep/mlflow.lock)."""
+    """The project's tracking URI (its writers share mlflow_store.writing's lock)."""
 
     uri: str
-    lock: Path
-
-    @classmethod
-    def of(cls, uri: str, runs: Path) -> Store:
-        return cls(uri, runs / "sweep" / LOCK)
 
     @contextmanager
     def writing(self) -> Iterator[None]:
         """Held while writing the project's store: one writer at a time, across threads and processes."""
-        self.lock.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lock, "a") as handle:  # a file of its own: never the database, whose locks SQLite holds
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with mlflow_store.writing(self.uri):
             yield
 
     def for_trial(self, folder: Path) -> str | None:

@@ -4,6 +4,7 @@ tasks/release/run_record.py decides what a record is, tasks/release/tracking.py 
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,23 @@ def sqlite_file(uri: str) -> Path | None:
     """The database file of a SQLite tracking URI (`sqlite:///relative.db`, `sqlite:////absolute.db`); None for
     any other store."""
     return Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+
+
+@contextmanager
+def writing(uri: str) -> Iterator[None]:
+    """Held while writing a SQLite store: one writer at a time across threads and processes (a gate, promote, the
+    nightly, a sweep's trials), by an flock on `<database>.lock` beside the database (the first writers of a new
+    store race to create its tables). The kernel frees it when its holder dies. Not reentrant: hold it around
+    one write. A tracking server takes concurrent writers itself: no lock."""
+    db = sqlite_file(uri)
+    if db is None:
+        yield
+        return
+    lock = db.with_name(db.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:  # a file of its own: never the database, whose locks SQLite holds
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _artifact_location(uri: str) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from tasks.core.io import read_json, write_json
 from tasks.core.params import Params
-from tasks.release.mlflow_store import Record, client, log_record, quiet_http, sqlite_file
+from tasks.release.mlflow_store import Record, client, log_record, quiet_http, sqlite_file, writing
 from tasks.release.run_record import gather, nightly_record
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def _log(p: Params, root: Path, record: Record) -> str:
     if record.key in known and (db is None or db.is_file()):
         log.info("MLflow: this record is run %s in %s already (nothing changed)", known[record.key], uri)
         return known[record.key]
-    with quiet_http():
+    with quiet_http(), writing(uri):
         run_id, new = log_record(record, uri, p.tracking.experiment, parent=os.environ.get(PARENT_ENV) or None)
     write_json(marker, {**(_read(marker) or {}), uri: {**known, record.key: run_id}})
     log.info("MLflow: %s run %s (%s) in %s; `make experiments` shows the table",
@@ -134,6 +134,7 @@ def register_production(p: Params, onnx: Path, onnx_sha256: str, root: Path | No
             run_id = mirror(p, root)
             if run_id is None:
                 return None
+        with quiet_http(), writing(uri):  # after mirror, which holds it for its own write
             mlflow_client = client(uri)
             name = p.tracking.registered_model
             if not mlflow_client.search_registered_models(f"name = '{name}'"):

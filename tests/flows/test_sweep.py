@@ -104,7 +104,7 @@ def test_the_parent_run_is_the_studys_own_and_its_best_follows_a_resume(tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     sweep = load_params(ROOT / "params.yaml").sweep
     runs = tmp_path / "runs"
-    store = Store.of(uri, runs)
+    store = Store(uri)
     journal = runs / "sweep" / f"{sweep.study}.journal"
     first = report.parent_run(store, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
     again = report.parent_run(store, "imagepipe", sweep.study, study_uid(open_study(runs, sweep, 3)), journal)
@@ -126,7 +126,7 @@ def test_the_parent_run_is_the_studys_own_and_its_best_follows_a_resume(tmp_path
 @pytest.mark.fast
 def test_a_trial_that_fails_after_its_gate_logged_it_is_one_failed_child_not_two(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    store = Store.of(uri, tmp_path / "runs")
+    store = Store(uri)
     client = tracking.client(uri)
     old_parent = report.parent_run(store, "imagepipe", "s", "old-uid", tmp_path / "j")
     parent = report.parent_run(store, "imagepipe", "s", "new-uid", tmp_path / "j")

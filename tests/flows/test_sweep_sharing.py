@@ -31,7 +31,7 @@ from flows.sweep import report
 from flows.sweep.store import Store
 from tasks.release import mlflow_store
 uri, runs, study, tmp = sys.argv[2], Path(sys.argv[3]), sys.argv[4], Path(sys.argv[5])
-store = Store.of(uri, runs)
+store = Store(uri)
 print("ready", flush=True)
 while not (tmp / "go").exists():  # both sweeps start writing at the same moment
     time.sleep(0.005)

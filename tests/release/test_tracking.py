@@ -186,3 +186,29 @@ def test_the_test_set_tag_is_the_set_that_was_scored(tmp_path: Path) -> None:
     assert gather(params, root).tags["data.test_sha256"] == promoted
     night = nightly_record(params, root, {"accuracy": 0.9, "test_set_sha256": promoted}, "pass", True, "f" * 64)
     assert night.tags["data.test_sha256"] == promoted
+
+
+def test_a_gate_waits_while_another_writer_holds_the_store(tmp_path: Path, monkeypatch) -> None:
+    """Every writer of a SQLite store (the gate here; promote, the nightly and a sweep's copies too) takes the
+    store's one writer lock, so a sweep writing the project's store and a `make run` never write it at once."""
+    import threading
+
+    from tasks.release.mlflow_store import writing
+
+    root = _project(tmp_path / "proj")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    params = load_params(root / "params.yaml")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    assert tracking.mirror(params, root)  # the store exists: what is left to time is the write itself
+    _project(root, accuracy=0.95)
+    finished: list[float] = []
+    held = 5.0
+    with writing(uri):
+        started = time.monotonic()
+        thread = threading.Thread(target=lambda: (tracking.mirror(params, root), finished.append(time.monotonic())))
+        thread.start()
+        time.sleep(held)
+    thread.join(120)
+    assert finished and finished[0] - started >= held, "the gate wrote while another writer held the store"
+    assert len(_runs(uri)) == 2
