@@ -64,12 +64,24 @@ def _params(root: Path) -> dict[str, Any]:
         raise ProvenanceError(f"{root / 'params.yaml'}: cannot read it ({type(exc).__name__}: {exc})") from None
 
 
+def _resolution_inputs(root: Path) -> list[bytes]:
+    """The bytes DVC resolves dvc.yaml from: itself, params.yaml, each file of its `vars:` (`file` or
+    `file:keys`), and DVC's version."""
+    from importlib.metadata import version
+
+    names = ["dvc.yaml", "params.yaml"]
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        names += [str(v).split(":")[0] for v in (_load(root / "dvc.yaml").get("vars") or []) if isinstance(v, str)]
+    texts = [(root / name).read_bytes() if (root / name).is_file() else b"" for name in names]
+    return [*texts, version("dvc").encode()]
+
+
 def _resolved(root: Path) -> dict[str, dict[str, list[str]]]:
     """Every stage's deps and outputs (outs, metrics and plots) as DVC itself resolves dvc.yaml (`${}`, `vars:`,
     `foreach`), from DVC's Repo API. DVC takes about a second to load, and each stage asks before and after its
-    work, so the answer is kept in .dvc/tmp under the sha256 of dvc.yaml and params.yaml."""
-    texts = [(root / name).read_bytes() for name in ("dvc.yaml", "params.yaml") if (root / name).is_file()]
-    key = hashlib.sha256(b"\0".join(texts)).hexdigest()[:16]
+    work, so the answer is kept in .dvc/tmp under the sha256 of what DVC resolves it from: dvc.yaml, params.yaml,
+    the files its `vars:` name, and DVC's version."""
+    key = hashlib.sha256(b"\0".join(_resolution_inputs(root))).hexdigest()[:16]
     kept = root / ".dvc" / "tmp" / f"imagepipe-stages-{key}.json"
     with contextlib.suppress(OSError, ValueError):
         return json.loads(kept.read_text())

@@ -127,3 +127,19 @@ def test_declared_paths_are_dvcs_own_resolution_with_vars_and_foreach(tmp_path: 
         "      deps:\n        - ${code}\n      outs:\n        - ${paths.reports}/${item}.json\n"
     )
     assert declared("make@b", repo) == (["tasks/core"], ["out/b.json"])
+
+
+def test_a_changed_vars_file_is_resolved_again(tmp_path: Path) -> None:
+    """The kept resolution is keyed by every file DVC resolves dvc.yaml from, `vars:` files too."""
+    from tasks.core.provenance import declared
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    (repo / "params.yaml").write_text("seed: 1\n")
+    (repo / "more.yaml").write_text("out: a.json\n")
+    (repo / "dvc.yaml").write_text("vars:\n  - more.yaml\nstages:\n  s:\n    cmd: echo\n    outs:\n      - ${out}\n")
+    assert declared("s", repo) == ([], ["a.json"])
+    (repo / "more.yaml").write_text("out: b.json\n")
+    assert declared("s", repo) == ([], ["b.json"])
