@@ -56,11 +56,17 @@ class SharedCheckpoints(ValueError):
     """paths.checkpoints lies outside the trials' checkouts: one line naming it."""
 
 
+def committed_params(repo: Path, commit: str) -> dict[str, Any]:
+    """params.yaml at `commit`: what the trials run (the workspace's may hold uncommitted changes)."""
+    return yaml.safe_load(git_output(repo, "show", f"{commit}:{PARAMS_FILE.as_posix()}") or "") or {}
+
+
 def refuse_shared_checkpoints(repo: Path, commit: str) -> None:
     """Trials are checkouts of `commit`: a paths.checkpoints outside a checkout is one folder for all of them
     (and the workspace), where a finished trial's pruning of old runs could delete a running trial's folder."""
-    committed = yaml.safe_load(git_output(repo, "show", f"{commit}:{PARAMS_FILE.as_posix()}") or "") or {}
-    folder = checkpoints_outside(committed, repo / "runs" / "sweep" / "trial")  # where a trial's checkout lies
+    committed = committed_params(repo, commit)
+    runs = repo / str((committed.get("paths") or {}).get("runs", "runs"))
+    folder = checkpoints_outside(committed, runs / "sweep" / "study" / "trial" / "repo")  # where a checkout lies
     if folder is not None:
         raise SharedCheckpoints(
             f"paths.checkpoints is {folder} in params.yaml at {commit[:12]}, outside the trials' checkouts: every "
@@ -139,11 +145,12 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         share = cpus.share(sweep.parallel) if sweep.parallel > 1 else None
         cores = os.cpu_count() or 1
         extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 and not share else []
+        seed = int(committed_params(repo, commit).get("seed", params.seed))  # the trials' seed, as committed
         run = Run(sweep, repo, runs, commit, epochs, _trial_env(store.uri, parent, sweep.study), extra, store,
-                  params.tracking.experiment, parent, params.seed, share, params.tracking.enabled)  # fmt: skip
+                  params.tracking.experiment, parent, seed, share, params.tracking.enabled)  # fmt: skip
         try:
             results = run_study(study, run)
-            reruns = rerun_seeds(study, sweep, params.seed, seeds_path(runs, sweep.study), uid, run.rerun, logger)
+            reruns = rerun_seeds(study, sweep, seed, seeds_path(runs, sweep.study), uid, run.rerun, logger)
         except BaseException:  # Ctrl-C, or the flow failing: no trial outlives the sweep
             stopped = stop_all()
             if stopped:

@@ -160,3 +160,21 @@ def test_a_killed_sweeps_leftover_processes_and_folders_go(tmp_path: Path) -> No
         for proc in (orphan, bystander):
             proc.kill()
             proc.wait()
+
+
+def test_the_trials_seed_is_the_committed_one(tmp_path: Path) -> None:
+    """Trials run params.yaml as committed; the seed reruns count from that seed, not the workspace's edit."""
+    from flows.sweep_flow import committed_params
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "params.yaml").write_text("seed: 42\n")
+    for args in (
+        ["init", "-q"],
+        ["add", "params.yaml"],
+        ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "p"],
+    ):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    (repo / "params.yaml").write_text("seed: 7\n")  # not committed: no trial runs it
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert committed_params(repo, commit)["seed"] == 42
