@@ -86,7 +86,7 @@ docs-build: setup
 MSG ?= pipeline run: dvc.lock and reports
 commit-run: setup
 	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.commit_run
-	git add dvc.yaml dvc.lock params.yaml reports data models $(wildcard baseline)
+	git add $$($(BIN)/python -m tasks.tools.commit_run --staged-paths)
 	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
 	else git commit -q -m "$(MSG)" && git log --oneline -1; fi
 

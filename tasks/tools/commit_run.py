@@ -61,7 +61,15 @@ def unstaged_refusal(files: list[str]) -> str | None:
             "or `git stash` them and make run")  # fmt: skip
 
 
+def staged_by_make(root: Path = Path()) -> list[str]:
+    """What `make commit-run` git-adds after the check: STAGED_BY_MAKE's paths that are there."""
+    return [name for name in STAGED_BY_MAKE if (root / name).exists()]
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--staged-paths"]:  # the Makefile's list, from here
+        print(" ".join(staged_by_make()))
+        return 0
     try:
         paths = load_params(PARAMS_FILE).paths
         refusal = (record_refusal(paths) or commit_refusal(_read(paths.gate), paths.gate, _read(paths.train_run))
