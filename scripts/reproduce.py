@@ -161,6 +161,9 @@ def main() -> int:
         return 2
     root = Path(top.stdout.strip())
     signal.signal(signal.SIGTERM, _interrupted)
+    # Ctrl-C cleans up too where this process was started with SIGINT ignored (a shell's background job, a CI
+    # runner): Python installs its handler only when SIGINT is not ignored at startup
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     scratch = Path(tempfile.mkdtemp(prefix="imagepipe-reproduce-"))
     started = time.monotonic()
     status = 2
