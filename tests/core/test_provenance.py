@@ -112,14 +112,19 @@ def test_the_folder_digest_leaves_out_what_dvcignore_does(tmp_path: Path) -> Non
     assert digest(code) == recorded
 
 
+def dvc_repo(repo: Path) -> Path:
+    """An empty git + DVC repository."""
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    return repo
+
+
 def test_declared_paths_are_dvcs_own_resolution_with_vars_and_foreach(tmp_path: Path) -> None:
     """dvc.yaml is resolved by DVC itself: `vars:` and `foreach` too, not only `${}` from params.yaml."""
     from tasks.core.provenance import declared
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    repo = dvc_repo(tmp_path / "repo")
     (repo / "params.yaml").write_text("paths:\n  reports: out\n")
     (repo / "dvc.yaml").write_text(
         "vars:\n  - code: tasks/core\nstages:\n"
@@ -133,10 +138,7 @@ def test_a_changed_vars_file_is_resolved_again(tmp_path: Path) -> None:
     """The kept resolution is keyed by every file DVC resolves dvc.yaml from, `vars:` files too."""
     from tasks.core.provenance import declared
 
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, check=True)
+    repo = dvc_repo(tmp_path / "repo")
     (repo / "params.yaml").write_text("seed: 1\n")
     (repo / "more.yaml").write_text("out: a.json\n")
     (repo / "dvc.yaml").write_text("vars:\n  - more.yaml\nstages:\n  s:\n    cmd: echo\n    outs:\n      - ${out}\n")
