@@ -76,8 +76,8 @@ def refuse_shared_checkpoints(repo: Path, commit: str) -> None:
         )
 
 
-def _epochs(repo: Path) -> int:
-    history = repo / "reports" / "train_history.json"
+def _epochs(history: Path) -> int:
+    """How many epochs the last run trained (its train_history.json): the pruner's schedule."""
     try:
         return len(read_json(history)) or 1
     except (OSError, ValueError):
@@ -115,7 +115,7 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
             commit[:12],
         )
     runs = repo / params.paths.runs
-    epochs = _epochs(repo)
+    epochs = _epochs(repo / params.paths.train_history)
     store = Store(tracking.tracking_uri(tracking.project_root(repo)))
     workdir = runs / "sweep" / sweep.study
     with study_lock(runs, sweep.study):

@@ -38,6 +38,7 @@ from flows.scratch import ProcessGroup, cache_dir, copy_local_config
 from flows.sweep.space import set_args
 from flows.sweep.store import Store
 from tasks.core.io import read_json
+from tasks.core.params import PARAMS_FILE, load_params
 
 EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
@@ -203,17 +204,18 @@ def run_trial(
 
 
 def _finish(repo: Path, copy: Path, result: TrialResult) -> None:
-    history = read_json(copy / "reports" / "train_history.json")
+    paths = load_params(copy / PARAMS_FILE).paths  # the trial's own params.yaml names its reports
+    history = read_json(copy / paths.train_history)
     if not result.epochs:  # train came from DVC's run cache (these values ran before): its epochs from its history
         result.epochs = [float(r["val_accuracy"]) for r in history]
         result.restored = True
-    best = (read_json(copy / "reports" / "train_run.json").get("best") or {}) if history else {}
+    best = (read_json(copy / paths.train_run).get("best") or {}) if history else {}
     # model.pt holds the best epoch by train.monitor; with monitor val_loss, the objective is still accuracy
     kept = best.get("value") if best.get("metric") == "val_accuracy" else None
     result.val_accuracy = float(kept) if kept is not None else max(r["val_accuracy"] for r in history)
-    metrics = read_json(copy / "reports" / "metrics.json")
+    metrics = read_json(copy / paths.metrics)
     result.test_accuracy = float(metrics["accuracy"])
-    gate = copy / "reports" / "gate.json"
+    gate = copy / paths.gate
     result.verdict = read_json(gate).get("verdict") if gate.is_file() else None
     if fetch_experiment(repo, copy, result.name) is None:
         raise RuntimeError(f"dvc exp run finished but left no experiment ref named {result.name}")
