@@ -135,7 +135,8 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
         else:
             shutil.copy2(src, dest / name)
     write_params(dest, deep_update(TINY, update or {}))
-    (dest / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlartifacts/\n")  # the experiment table, as the project ignores it
+    # the experiment table and its writer lock, as the project ignores them
+    (dest / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlartifacts/\n")
     sh(["git", "init", "-q"], cwd=dest)
     dvc("init", "-q", cwd=dest)
     dvc("config", "core.analytics", "false", cwd=dest)
