@@ -89,6 +89,9 @@ HOOK_ENV = {
 }
 CHECKOUT_ENV = "IMAGEPIPE_CHECKOUT"  # a worker's own checkout (scripts/prefect.sh worker): run-stage's pull step
 OVERRIDING_ENV = {**GATE_ENV, **HOOK_ENV, CHECKOUT_ENV: "the checkout a stage runs in"}
+# What a run of committed code drops from the environment it was started in (make reproduce, a sweep's trials):
+# the gate's switches and a test's training hooks
+NOT_INHERITED = (*GATE_ENV, *HOOK_ENV)
 
 
 class OverriddenEnvironment(RuntimeError):

@@ -32,7 +32,7 @@ from prefect import flow, get_run_logger, runtime
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.scratch import checkpoints_outside
-from flows.shell import GATE_ENV, HOOK_ENV, stage_env
+from flows.shell import NOT_INHERITED, stage_env
 from flows.sweep import cpus, report
 from flows.sweep.outcome import conclude
 from flows.sweep.scheduler import Run, TrialsFailing, run_study
@@ -46,10 +46,6 @@ from tasks.core.git import changed_files, git_output, head_commit
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 from tasks.release import run_record, tracking
-
-# A trial is an experiment of the committed code: never the gate's switches or a test's training hooks of the
-# environment the sweep was started from
-NOT_INHERITED = (*GATE_ENV, *HOOK_ENV)
 
 
 class SharedCheckpoints(ValueError):

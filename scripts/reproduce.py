@@ -30,14 +30,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
 
 from flows.scratch import ProcessGroup, cache_dir, checkpoints_outside, copy_local_config  # noqa: E402
-from flows.shell import GATE_ENV, HOOK_ENV, stage_env  # noqa: E402
+from flows.shell import NOT_INHERITED, stage_env  # noqa: E402
 from tasks.core.private_api import dvc_remotes  # noqa: E402
 
 LOCK_DIFF = Path(__file__).resolve().parent / "lock_diff.py"
 CACHE_REMOTE = "workspace-cache"  # this workspace's DVC cache, read as a remote: DVC 3 lays both out alike
 DVC = [sys.executable, "-m", "dvc"]
-# A production run's conditions, not a test's (the training hooks, their faults) or an experiment's
-NOT_INHERITED = (*GATE_ENV, *HOOK_ENV)
 
 
 class Refusal(Exception):
