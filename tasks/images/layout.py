@@ -175,18 +175,15 @@ def incoming_folders(src: Path, *, what: str = "SRC") -> tuple[str, dict[str, Pa
     return "split folders", splits
 
 
-def read_layout(
-    source: Path, test_source: Path | None = None, *, what: str = "data.source", min_classes: int = 2
-) -> Layout:
+def read_layout(source: Path, test_source: Path | None = None, *, what: str = "data.source") -> Layout:
     """The roots and classes of `source` (and of the fixed test folder `test_source`, if any); every way the
-    folders can be unreadable as a layout is one StageError naming the folder and what was expected. A dataset
-    needs `min_classes` classes; images coming into one (add-data INTO=, the review page) may hold one."""
+    folders can be unreadable as a layout is one StageError naming the folder and what was expected."""
     source = Path(source)
     descended: list[Path] = []
     unlabelled: list[Path] = []
     top, splits = _tops(source, what=what, descended=descended, unlabelled=unlabelled)
     if splits is None:
-        class_names = class_folders(top, what=what, at_least=min_classes)
+        class_names = class_folders(top, what=what, at_least=2)
         _refuse_folder_classes(top, class_names, what=what)
         roots: list[tuple[str, Path]] = [(SOURCE, top)]
         why = f"its top-level folders {_few(class_names)} are not split names, so they are the classes"
@@ -201,9 +198,9 @@ def read_layout(
         named = ", ".join(f"{_under(splits[split], source)} ({split})" for split in ("train", "val", "test")
                           if split in splits)  # fmt: skip
         why = f"its top-level folders are split names: {named}, each holding class folders"
-        if len(class_names) < min_classes:
+        if len(class_names) < 2:
             raise StageError(f"{what} {source}: its split folders hold {len(class_names)} class folder(s) "
-                             f"{list(class_names)}, need at least {min_classes}; expected {EXPECTED}")  # fmt: skip
+                             f"{list(class_names)}, need at least 2; expected {EXPECTED}")  # fmt: skip
         only_elsewhere = sorted(set(class_names) - set(per_split["train"]))
         if only_elsewhere:
             elsewhere = "/".join(s for s in per_split if s != "train")
