@@ -79,16 +79,17 @@ docs-build: setup
 # `dvc metrics diff`, `dvc params diff` and `dvc exp show` compare against this run; `dvc push` shares
 # the cached outputs. Nothing is committed when nothing changed.
 # It refuses a record that is not this workspace's run (a stage DVC says is not up to date, a verdict for
-# another ONNX or baseline, a failed export gate: tasks/tools/record.py), a recorded regression
-# (ALLOW_REGRESSION=1 accepts it; a `different test set` nothing accepts), a verdict `dvc exp run` recorded
-# without enforcing it, a model trained with test hooks (tasks/release/gate.py), and a file a stage depends
-# on that is changed but not staged (tasks/tools/commit_run.py).
+# another ONNX or baseline, a failed export gate: tasks/tools/record.py), a failed or incomparable gate (the way
+# past one is `make promote ACCEPT="<why>"`, recorded), a verdict `dvc exp run` recorded without enforcing it, a
+# model trained with test hooks (tasks/release/gate.py), and a file a stage depends on that is changed but not
+# staged (tasks/tools/commit_run.py). A commit that keeps a promotion names who decided it, and why.
 MSG ?= pipeline run: dvc.lock and reports
+export MSG ACCEPT
 commit-run: setup
-	@ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.commit_run
+	@$(BIN)/python -m tasks.tools.commit_run
 	git add $$($(BIN)/python -m tasks.tools.commit_run --staged-paths)
 	@if git diff --cached --quiet; then echo "nothing to commit: this run is already the committed one"; \
-	else git commit -q -m "$(MSG)" && git log --oneline -1; fi
+	else git commit -q -m "$$($(BIN)/python -m tasks.tools.commit_run --message "$$MSG")" && git log --oneline -1; fi
 
 # `dvc push` / `dvc pull` to the default DVC remote, with one clear line when they fail.
 push: setup
@@ -132,8 +133,10 @@ add-weights: setup
 # Make this run's exported model (hash-verified) and its test metrics the baseline that
 # check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against
 # the new baseline, so dvc.lock records it as DVC would (`dvc status` stays clean): then make commit-run.
+# A failed or incomparable gate (a regression, a class joined, other preprocessing) needs ACCEPT="<why>":
+# the reason, the verdict set aside, who and when go to baseline/decision.json, the registry and the commit.
 promote: setup
-	ALLOW_REGRESSION=$(ALLOW_REGRESSION) $(BIN)/python -m tasks.tools.promote
+	$(BIN)/python -m tasks.tools.promote $${ACCEPT:+--accept "$$ACCEPT"}
 	$(BIN)/dvc repro --single-item check_regression
 
 # The experiment table: the MLflow UI on 127.0.0.1:<tracking.ui_port> (params.yaml), offline, over mlflow.db beside

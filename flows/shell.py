@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.core.environment import ALLOW_HOOKS_ENV, HOOKS_ENV
-from tasks.release.gate import OVERRIDE
 from tasks.release.run_record import FLOW_RUN_URL_ENV
 
 LOG_TAIL_LINES = 40
@@ -73,14 +72,13 @@ def stream(command: Sequence[str], *, cwd: Path, log: Callable[[str], None]) -> 
 
 
 # Environment variables that change what a production run records or runs: the gate (`dvc exp run`'s
-# DVC_EXP_NAME makes check_regression record a verdict without enforcing it; ALLOW_REGRESSION accepts one),
+# DVC_EXP_NAME makes check_regression record a verdict without enforcing it),
 # the training hooks (test code loaded into the train stage, and the faults they plant), and the checkout
 # a placed stage runs in. A flow run's job variables could set them on a worker; the work pools' base job
 # template (flows/process_pool_template.json) no longer lets a flow run set any `env`, and the flows refuse
 # to start when one is there all the same (a worker started with it, an older pool).
 GATE_ENV = {
     "DVC_EXP_NAME": "the regression gate (set by `dvc exp run`: the verdict would be recorded, not enforced)",
-    OVERRIDE: "the regression gate (accepts a regression)",
 }
 HOOK_ENV = {
     HOOKS_ENV: "the training hooks (test code loaded into the train stage)",

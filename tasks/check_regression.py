@@ -37,6 +37,7 @@ from tasks.core.params import Params, RegressionParams
 from tasks.core.paths import BASELINE_METRICS, BASELINE_ONNX
 from tasks.images.shards import load_manifest
 from tasks.release import tracking
+from tasks.release.gate import ACCEPT_COMMAND
 from tasks.release.paired import Paired
 from tasks.release.parity import Check
 from tasks.release.production import (
@@ -199,7 +200,9 @@ def _main(p: Params) -> int:
                     "make run, train-flow/prod and the nightly enforce it", verdict.summary(), details, experiment,
                     verdict.status, p.paths.gate)  # fmt: skip
         return 0
-    print(f"[check_regression] {verdict.summary()}{details}", file=sys.stderr)
+    accept = f"\n  fix the model, or make it the baseline anyway, saying why: {ACCEPT_COMMAND}"
+    accept = "" if verdict.mismatch else accept  # a mismatch's summary names the command itself
+    print(f"[check_regression] {verdict.summary()}{details}{accept}", file=sys.stderr)
     return 1
 
 

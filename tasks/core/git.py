@@ -29,3 +29,10 @@ def changed_files(repo: Path, *paths: str) -> list[str]:
     out = git_output(repo, "status", "--porcelain=v1", "--untracked-files=no", "-z", *(["--", *paths] if paths else []),
                      strip=False)  # fmt: skip
     return [entry[3:] for entry in (out or "").split("\0") if entry]  # "XY path"
+
+
+def author(repo: Path = Path()) -> str:
+    """Who acts here, for a recorded decision: `git config user.name`, else the login name."""
+    import getpass
+
+    return git_output(repo, "config", "user.name") or getpass.getuser()

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 BASELINE_METRICS = "metrics.json"  # the promoted model's test metrics
 BASELINE_MODEL = "model.json"  # the promoted model's hashes and provenance
 BASELINE_ONNX = "model.onnx"  # the promoted model itself
+BASELINE_DECISION = "decision.json"  # who promoted it, when, why, and the gate verdict a person set aside
 
 
 class Paths(BaseModel):

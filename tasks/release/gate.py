@@ -1,33 +1,28 @@
 """What make commit-run and make promote refuse: the recorded gate (reports/gate.json) and the model's marks.
 The commands themselves are tasks/tools/commit_run.py and tasks/tools/promote.py.
 
-commit-run keeps a run as the project's record: it refuses a verdict other than pass or no baseline,
-a verdict that `dvc exp run` recorded without enforcing it (run `make run` first: the gate then runs
-enforced), and a model trained with test hooks. promote (tasks/tools/promote.py) refuses a regression and a
-model trained with test hooks; a baseline of another test set is what promote is for.
-`ALLOW_REGRESSION=1` (make commit-run ALLOW_REGRESSION=1, make promote ALLOW_REGRESSION=1) accepts a
-recorded regression explicitly; nothing accepts test hooks, nor a `different test set` (nothing was compared).
+commit-run keeps a run as the project's record: it refuses a verdict other than pass or no baseline, a
+verdict that `dvc exp run` recorded without enforcing it (run `make run` first: the gate then runs
+enforced), and a model trained with test hooks. promote refuses the same failed or incomparable verdicts
+(a regression, a `different test set`) unless a person accepts it: `make promote ACCEPT="<why>"` records the
+reason, the verdict set aside, who and when (baseline/decision.json, the registry version, the commit), and
+the gate then holds against the new baseline. Nothing accepts test hooks.
 
 Both first refuse a record that is not this workspace's (tasks/tools/record.py): a stage that DVC's own status
 says is not up to date (a partial run such as `dvc repro export` after a params change), a verdict scored
 on another ONNX file or against another baseline than the one here now (a teammate's baseline pulled since),
-and a failed export gate (INT8 against fp32), whatever the verdict says, `different test set` included.
-Nothing overrides these: the fix is to run the pipeline (`dvc repro`).
+and a failed export gate (INT8 against fp32), whatever the verdict says. Nothing overrides these: the fix is
+to run the pipeline (`dvc repro`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-OVERRIDE = "ALLOW_REGRESSION"
 ACCEPTED = ("pass", "no baseline")
-
-
-def allowed_by_override() -> bool:
-    return os.environ.get(OVERRIDE) == "1"
+ACCEPT_COMMAND = 'make promote ACCEPT="<why>"'  # the one way past a failed or incomparable gate, recorded
 
 
 def hooks_refusal(test_hooks: str | None, what: str) -> str | None:
@@ -39,13 +34,9 @@ def hooks_refusal(test_hooks: str | None, what: str) -> str | None:
 def commit_refusal(gate: Mapping[str, Any], gate_path: Path, train_run: Mapping[str, Any]) -> str | None:
     """Why this run must not become the committed run record, or None."""
     verdict = gate.get("verdict")
-    if verdict not in ACCEPTED and not (verdict == "regression" and allowed_by_override()):
-        if verdict != "regression":  # nothing was compared: there is nothing for the override to accept
-            return (f"{gate_path} records verdict '{verdict}' ({gate.get('summary', '')}); {OVERRIDE}=1 accepts a "
-                    "regression only, never a verdict that compared nothing: make the baseline comparable (the "
-                    "summary says how, e.g. `make promote`), then make run and make commit-run")  # fmt: skip
-        return (f"{gate_path} records verdict '{verdict}' ({gate.get('summary', '')}); fix the model, or commit it "
-                f"anyway with `make commit-run {OVERRIDE}=1`")  # fmt: skip
+    if verdict not in ACCEPTED:
+        return (f"{gate_path} records verdict '{verdict}' ({gate.get('summary', '')}); fix the model, or ship it "
+                f"anyway as the new baseline, recorded: `{ACCEPT_COMMAND}`, then make commit-run")  # fmt: skip
     if gate.get("enforced") is not True:  # False under dvc exp run; absent in a record older than the field
         return (f"{gate_path}: the verdict '{verdict}' was recorded by `dvc exp run`, which does not enforce it; "
                 "run `make run` (the gate then runs enforced), then make commit-run")  # fmt: skip
@@ -64,11 +55,10 @@ def failed_export_gates(verdict: Mapping[str, Any]) -> list[str]:
     return failed
 
 
-def promote_refusal(verdict: Mapping[str, Any], verdict_path: Path) -> str | None:
-    """Why this run's model must not become the baseline, or None."""
-    if verdict.get("verdict") == "regression" and not allowed_by_override():
-        return (
-            f"{verdict_path} records a regression against the current baseline ({verdict.get('summary', '')}); "
-            f"promoting would make the worse model the baseline. To do it anyway: `make promote {OVERRIDE}=1`"
-        )
-    return None
+def promote_refusal(verdict: Mapping[str, Any], verdict_path: Path, *, accepted: bool) -> str | None:
+    """Why this run's model must not become the baseline without a person's recorded reason, or None."""
+    if verdict.get("verdict") in ACCEPTED or accepted:
+        return None
+    return (f"{verdict_path} records verdict '{verdict.get('verdict')}' against the current baseline "
+            f"({verdict.get('summary', '')}); to make this model the baseline anyway, say why: `{ACCEPT_COMMAND}` "
+            "(the reason, the verdict set aside, who and when are recorded beside the baseline)")  # fmt: skip

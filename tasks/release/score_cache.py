@@ -100,13 +100,15 @@ def _unscorable(model: OnnxModel, shard_dir: Path, recorded: dict[str, Any], can
     if model.class_names != shards.class_names:
         return (f"different test set: the baseline was scored on {describe_test_set(recorded)}; this run on "
                 f"{describe_test_set(candidate.metrics)}. The classes differ, so the baseline cannot be re-scored on "
-                "this test set: to gate models of these classes, promote one of them (`make promote`)")  # fmt: skip
+                "this test set: to gate models of these classes, promote one of them, saying why "
+                '(`make promote ACCEPT="<why>"`)')  # fmt: skip
     theirs, ours = model.spec, shards
     if (theirs.image_size, theirs.resize, theirs.interpolation) != (ours.image_size, ours.resize, ours.interpolation):
         return (f"different test set: the baseline model takes {theirs.image_size}x{theirs.image_size} images "
                 f"({theirs.resize}, {theirs.interpolation}), this run's test shards hold {ours.image_size}x"
                 f"{ours.image_size} ({ours.resize}, {ours.interpolation}), so the baseline cannot be re-scored on "
-                "them: to gate models of this preprocessing, promote one of them (`make promote`)")  # fmt: skip
+                "them: to gate models of this preprocessing, promote one of them, saying why "
+                '(`make promote ACCEPT="<why>"`)')  # fmt: skip
     return ""
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,10 @@ def mirror(p: Params, root: Path | None = None) -> str | None:
         return None
 
 
-def register_production(p: Params, onnx: Path, onnx_sha256: str, root: Path | None = None) -> str | None:
-    """The promoted ONNX as a version of tracking.registered_model, alias `production`. One warning on failure."""
+def register_production(p: Params, onnx: Path, onnx_sha256: str, tags: Mapping[str, str] | None = None,
+                        root: Path | None = None) -> str | None:  # fmt: skip
+    """The promoted ONNX as a version of tracking.registered_model, alias `production`, with `tags` (the
+    promotion's decision: who, when, why, the verdict set aside) set on the version. One warning on failure."""
     root = root or Path.cwd()
     uri = tracking_uri(project_root(root))
     try:
@@ -149,6 +152,8 @@ def register_production(p: Params, onnx: Path, onnx_sha256: str, root: Path | No
                 version = mlflow_client.create_model_version(
                     name, source, run_id=run_id, tags={"onnx_sha256": onnx_sha256}
                 ).version
+            for key, value in (tags or {}).items():  # the latest decision wins on a version promoted twice
+                mlflow_client.set_model_version_tag(name, version, key, value)
             mlflow_client.set_registered_model_alias(name, PRODUCTION_ALIAS, version)
         log.info("MLflow registry: %s version %s is now alias '%s' (run %s)", name, version, PRODUCTION_ALIAS, run_id)
         return str(version)

@@ -2,7 +2,8 @@
 workspace's run must not become the project's record: a record that is not this workspace's run
 (tasks/tools/record.py), then the verdict, the experiment flag and the test hooks (tasks/release/gate.py), then
 a file a stage depends on that the commit would not hold (`unstaged_deps`): dvc.lock would name its md5 while the
-commit keeps the old bytes, and a clone of it would be stale from its first command.
+commit keeps the old bytes, and a clone of it would be stale from its first command. `--message MSG` prints the
+commit message: MSG, plus the promotion this commit keeps (tasks/tools/decision.py), who, why and what was set aside.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 from tasks.release.gate import commit_refusal
+from tasks.tools.decision import commit_trailer
 from tasks.tools.record import record_refusal
 
 
@@ -69,6 +71,14 @@ def staged_by_make(root: Path = Path()) -> list[str]:
 def main() -> int:
     if sys.argv[1:] == ["--staged-paths"]:  # the Makefile's list, from here
         print(" ".join(staged_by_make()))
+        return 0
+    if sys.argv[1:2] == ["--message"]:  # after `git add`: the message, with the decision this commit keeps
+        message = " ".join(sys.argv[2:]) or "pipeline run: dvc.lock and reports"
+        try:
+            trailer = commit_trailer(load_params(PARAMS_FILE).paths.baseline)
+        except ParamsError:
+            trailer = ""
+        print(f"{message}\n\n{trailer}" if trailer else message)
         return 0
     try:
         paths = load_params(PARAMS_FILE).paths

@@ -3,13 +3,16 @@
 reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX + the test
 split's manifest -> baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx and
 baseline/test_set.json (each promoted test image's content sha256 and class, so that check_regression can say
-which of a later test split's images are new), each tracked by DVC (`dvc add`). Only this explicit command
-moves the baseline; commit baseline/ afterwards. It refuses a recorded regression (ALLOW_REGRESSION=1 accepts
-it) and a model trained with test hooks.
+which of a later test split's images are new) and baseline/decision.json (who, when, the gate's verdict, and
+why it was set aside: tasks/tools/decision.py), each tracked by DVC (`dvc add`). Only this explicit command
+moves the baseline; commit baseline/ afterwards. A failed or incomparable gate (a regression, a `different
+test set`) needs a reason, `--accept "<why>"` (make promote ACCEPT="<why>"); a model trained with test hooks is
+refused whatever the reason.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
@@ -23,12 +26,13 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
-from tasks.core.paths import BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
+from tasks.core.paths import BASELINE_DECISION, BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
 from tasks.images.image_set import split_sha256
 from tasks.images.shards import MANIFEST, load_manifest
 from tasks.release import tracking
-from tasks.release.gate import OVERRIDE, hooks_refusal, promote_refusal
+from tasks.release.gate import hooks_refusal, promote_refusal
 from tasks.release.production import BASELINE_TEST_SET, load_verified_model
+from tasks.tools.decision import decision_record, registry_tags
 from tasks.tools.record import record_refusal
 
 log = logging.getLogger(__name__)
@@ -39,7 +43,7 @@ class PromoteResult:
     files: tuple[Path, ...]
     onnx_sha256: str
     accuracy: float
-    passed_gate: bool
+    decision: dict[str, Any]
 
 
 def run(
@@ -50,9 +54,11 @@ def run(
     verdict_path: Path,
     shard_dir: Path,
     baseline_dir: Path,
+    accept: str | None = None,
     track_with_dvc: bool = True,
 ) -> PromoteResult:
-    """Check that the metrics belong to this exact model, then write the baseline (and `dvc add` it)."""
+    """Check that the metrics belong to this exact model, then write the baseline (and `dvc add` it). `accept`:
+    a person's reason to promote over a failed or incomparable gate, recorded in baseline/decision.json."""
     model = load_verified_model(onnx_path, export_report)
     if not verdict_path.is_file():
         raise StageError(f"{verdict_path}: missing; run `dvc repro` so the model is scored before promoting it")
@@ -63,7 +69,7 @@ def run(
             f"{verdict_path} scored a model with sha256 {scored}, but {onnx_path} is {model.sha256}; "
             "run `dvc repro` first"
         )
-    refusal = promote_refusal(verdict, verdict_path) or hooks_refusal(
+    refusal = promote_refusal(verdict, verdict_path, accepted=bool(accept)) or hooks_refusal(
         model.metadata.get("provenance.test_hooks"), str(onnx_path)
     )
     if refusal:
@@ -80,9 +86,10 @@ def run(
         "class_names": list(model.class_names),
         **{k: v for k, v in sorted(model.metadata.items()) if k.endswith("sha256") or k.startswith("provenance.")},
     }
+    decision = decision_record(verdict, model.sha256, accept)
     baseline_dir.mkdir(parents=True, exist_ok=True)
     files = (baseline_dir / BASELINE_METRICS, baseline_dir / BASELINE_MODEL, baseline_dir / BASELINE_ONNX,
-             baseline_dir / BASELINE_TEST_SET)  # fmt: skip
+             baseline_dir / BASELINE_TEST_SET, baseline_dir / BASELINE_DECISION)  # fmt: skip
     staged = [path.with_name(f".{path.name}.tmp-{os.getpid()}") for path in files]
     try:  # everything written beside the baseline first, then renamed in: never half a baseline
         write_json(staged[0], metrics)
@@ -91,6 +98,7 @@ def run(
         if sha256_file(staged[2]) != model.sha256:
             raise StageError(f"{onnx_path} changed while it was being copied to {files[2]}; promote again")
         write_json(staged[3], test_set)
+        write_json(staged[4], decision)
         for tmp, final in zip(staged, files, strict=True):
             os.replace(tmp, final)
     finally:
@@ -100,7 +108,7 @@ def run(
         proc = subprocess.run([sys.executable, "-m", "dvc", "add", *map(str, files)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise StageError(f"dvc add {' '.join(map(str, files))} failed:\n{proc.stdout}{proc.stderr}")
-    return PromoteResult(files, model.sha256, float(metrics["accuracy"]), bool(verdict.get("passed")))
+    return PromoteResult(files, model.sha256, float(metrics["accuracy"]), decision)
 
 
 def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path) -> dict[str, Any]:
@@ -115,10 +123,11 @@ def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path
     return {"test_set_sha256": digest, "class_names": names, "images": images}
 
 
-def _main(params: Params) -> None:
+def _main(params: Params, accept: str | None = None) -> None:
     paths = params.paths
     load_verified_model(paths.onnx, paths.export_report)  # altered bytes are named as such, before anything else
-    refusal = record_refusal(paths)  # before anything is written: a refused promote leaves baseline/ as it was
+    # before anything is written: a refused promote leaves baseline/ as it was
+    refusal = record_refusal(paths, accepting=bool(accept))
     if refusal:
         raise StageError(f"refused: {refusal}")
     result = run(
@@ -128,14 +137,15 @@ def _main(params: Params) -> None:
         verdict_path=paths.regression_json,
         shard_dir=paths.shards,
         baseline_dir=paths.baseline,
+        accept=accept,
     )
-    tracking.register_production(params, paths.baseline / BASELINE_ONNX, result.onnx_sha256)  # mirrors baseline/
-    if not result.passed_gate:
-        log.warning(
-            "note: this model failed the gate against the previous baseline (%s, or another test set); "
-            "promoting accepts that",
-            OVERRIDE,
-        )
+    decision = result.decision
+    # mirrors baseline/, the decision on the registry version
+    tracking.register_production(params, paths.baseline / BASELINE_ONNX, result.onnx_sha256, registry_tags(decision))
+    if decision["set_aside"]:
+        log.warning("accepted by %s: %r; the gate's verdict '%s' set aside (%s); recorded in %s",
+                    decision["by"], accept, decision["set_aside"]["verdict"], decision["set_aside"]["summary"],
+                    paths.baseline / BASELINE_DECISION)  # fmt: skip
     log.info(
         "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it, after the gate has run "
         "against it (make promote does that):\n"
@@ -148,7 +158,15 @@ def _main(params: Params) -> None:
 
 
 def main() -> None:
-    stage_main("promote", _main)
+    parser = argparse.ArgumentParser(prog="python -m tasks.tools.promote", description=__doc__.splitlines()[0])
+    parser.add_argument("--accept", metavar="WHY", help="promote over a failed or incomparable gate, for this reason")
+    args = parser.parse_args()
+    accept = (args.accept or "").strip() or None
+    if args.accept is not None and accept is None:
+        print('[promote] error: ACCEPT is empty: say why the gate\'s verdict is set aside, make promote ACCEPT="<why>"',
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    stage_main("promote", lambda params: _main(params, accept))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""What make commit-run and make promote refuse (tasks/release/gate.py, tasks/tools/record.py), and the override
-they name."""
+"""What make commit-run and make promote refuse (tasks/release/gate.py, tasks/tools/record.py), and the recorded
+decision they name (make promote ACCEPT="<why>")."""
 
 from __future__ import annotations
 
@@ -25,15 +25,14 @@ def gate(verdict: str, enforced: bool = True) -> dict[str, object]:
     return {"verdict": verdict, "passed": verdict == "pass", "enforced": enforced, "summary": f"the {verdict} line"}
 
 
-def test_commit_run_takes_a_passing_enforced_record_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ALLOW_REGRESSION", raising=False)
+def test_commit_run_takes_a_passing_enforced_record_only() -> None:
     assert commit_refusal(gate("pass"), GATE, {"test_hooks": None}) is None
     assert commit_refusal(gate("no baseline"), GATE, {}) is None
-    refusal = commit_refusal(gate("regression"), GATE, {})
-    assert refusal == ("reports/gate.json records verdict 'regression' (the regression line); fix the model, or "
-                       "commit it anyway with `make commit-run ALLOW_REGRESSION=1`")  # fmt: skip
-    refusal = commit_refusal(gate("different test set"), GATE, {})  # the override is not offered: nothing compared
-    assert refusal is not None and "ALLOW_REGRESSION=1 accepts a regression only" in refusal
+    for verdict in ("regression", "different test set"):  # the way past either is a recorded promotion
+        refusal = commit_refusal(gate(verdict), GATE, {})
+        assert refusal == (f"reports/gate.json records verdict '{verdict}' (the {verdict} line); fix the model, or "
+                           'ship it anyway as the new baseline, recorded: `make promote ACCEPT="<why>"`, then make '
+                           "commit-run")  # fmt: skip
     experiment = commit_refusal(gate("pass", enforced=False), GATE, {})
     assert (
         experiment is not None and "recorded by `dvc exp run`, which does not enforce it; run `make run`" in experiment
@@ -41,23 +40,15 @@ def test_commit_run_takes_a_passing_enforced_record_only(monkeypatch: pytest.Mon
     hooked = commit_refusal(gate("pass"), GATE, {"test_hooks": "/x/faults.py (sha256 ab)"})
     assert hooked is not None and "trained with test hooks (/x/faults.py (sha256 ab))" in hooked
 
-    monkeypatch.setenv("ALLOW_REGRESSION", "1")  # the explicit override: a regression, never test hooks
-    assert commit_refusal(gate("regression"), GATE, {}) is None
-    assert commit_refusal(gate("pass"), GATE, {"test_hooks": "h"}) is not None
-    nothing_compared = commit_refusal(gate("different test set"), GATE, {})  # the override has nothing to accept
-    assert nothing_compared is not None and "accepts a regression only, never a verdict that compared nothing" in (
-        nothing_compared
-    )
 
-
-def test_promote_refuses_a_regression_not_another_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("ALLOW_REGRESSION", raising=False)
-    refusal = promote_refusal(gate("regression"), Path("reports/regression.json"))
-    assert refusal is not None and refusal.endswith("To do it anyway: `make promote ALLOW_REGRESSION=1`")
-    assert promote_refusal(gate("different test set"), Path("r")) is None  # what promote is for
-    assert promote_refusal(gate("no baseline"), Path("r")) is None
-    monkeypatch.setenv("ALLOW_REGRESSION", "1")
-    assert promote_refusal(gate("regression"), Path("r")) is None
+def test_promote_takes_a_failed_or_incomparable_gate_only_with_a_reason() -> None:
+    for verdict in ("regression", "different test set"):
+        refusal = promote_refusal(gate(verdict), Path("reports/regression.json"), accepted=False)
+        assert refusal is not None and 'say why: `make promote ACCEPT="<why>"`' in refusal, refusal
+        assert f"records verdict '{verdict}'" in refusal
+        assert promote_refusal(gate(verdict), Path("r"), accepted=True) is None
+    assert promote_refusal(gate("no baseline"), Path("r"), accepted=False) is None
+    assert promote_refusal(gate("pass"), Path("r"), accepted=False) is None
     assert hooks_refusal(None, "m") is None and "never the project's" in str(hooks_refusal("h", "models/model.onnx"))
 
 

@@ -68,7 +68,7 @@ def test_tracking_off_logs_nothing_and_says_so(tmp_path: Path, monkeypatch, capl
     with caplog.at_level(logging.INFO, logger="tasks.release.tracking"):
         assert tracking.mirror(params, root) is None
         assert tracking.nightly(params, root, {"accuracy": 0.9}, "pass", True, "sha") is None
-        assert tracking.register_production(params, root / "reports" / "regression.md", "sha", root) is None
+        assert tracking.register_production(params, root / "reports" / "regression.md", "sha", root=root) is None
     assert not (root / "mlflow.db").exists() and not (root / "mlartifacts").exists()
     said = [r.getMessage() for r in caplog.records if r.name == "tasks.release.tracking"]
     assert said and all(m == "MLflow: not logged (tracking.enabled is false in params.yaml)" for m in said), said
@@ -126,14 +126,16 @@ def test_promote_registers_the_onnx_with_the_production_alias(tmp_path: Path, mo
     onnx = root / "baseline" / "model.onnx"
     onnx.parent.mkdir()
     onnx.write_bytes(b"onnx one")
-    assert tracking.register_production(params, onnx, "sha-one", root) == "1"
-    assert tracking.register_production(params, onnx, "sha-one", root) == "1"  # the same model: the same version
+    assert tracking.register_production(params, onnx, "sha-one", root=root) == "1"
+    assert tracking.register_production(params, onnx, "sha-one", root=root) == "1"  # the same model: the same version
     onnx.write_bytes(b"onnx two")
     _project(root, accuracy=0.95)
-    assert tracking.register_production(params, onnx, "sha-two", root) == "2"
+    decision = {"decision.reason": "a tenth class joined", "decision.set_aside": "different test set: ..."}
+    assert tracking.register_production(params, onnx, "sha-two", decision, root=root) == "2"
     client = tracking.client(f"sqlite:///{root / 'mlflow.db'}")
     version = client.get_model_version_by_alias("imagepipe", "production")
     assert str(version.version) == "2" and version.tags["onnx_sha256"] == "sha-two"
+    assert version.tags["decision.reason"] == "a tenth class joined"  # the accepted decision, on the version
     assert version.source.endswith("/model/model.onnx") and version.run_id == _runs(client.tracking_uri)[0].info.run_id
 
 
