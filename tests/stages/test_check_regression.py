@@ -241,7 +241,7 @@ def test_a_baseline_of_metrics_only_is_compared_on_its_tolerances_and_says_so(
     verdict = check(project, shards, other, out=tmp_path)
     # Not rule by rule: one line that names both test sets and what to do.
     assert not verdict.passed and verdict.status == "different test set" and verdict.results == ()
-    assert "test set sha256 000000000000" in verdict.summary() and "`make promote`" in verdict.summary()
+    assert "test set sha256 000000000000" in verdict.summary() and '`make promote ACCEPT="<why>"`' in verdict.summary()
     assert read_json(tmp_path / "reports/gate.json") == {
         "verdict": "different test set", "passed": False, "enforced": True, "summary": verdict.summary(),
     }  # fmt: skip
@@ -364,7 +364,7 @@ def test_a_grown_test_split_is_compared_image_by_image_and_says_how_many_are_new
     )
 
 
-def test_a_baseline_of_other_classes_needs_make_promote(
+def test_a_baseline_of_other_classes_needs_a_recorded_promotion(
     baseline: Path, project: Path, shards: Path, tmp_path: Path
 ) -> None:
     other = rewritten_baseline(baseline, tmp_path / "baseline", class_names=("class_0", "class_1", "hound"))
@@ -373,11 +373,11 @@ def test_a_baseline_of_other_classes_needs_make_promote(
     line = verdict.summary()
     assert "\n" not in line and line.startswith("different test set: the baseline was scored on ")
     assert "The classes differ, so the baseline cannot be re-scored on this test set" in line
-    assert line.endswith("promote one of them (`make promote`)")
+    assert line.endswith('promote one of them, saying why (`make promote ACCEPT="<why>"`)')
     assert read_json(tmp_path / "reports/gate.json")["verdict"] == "different test set"
 
 
-def test_a_baseline_of_another_image_size_needs_make_promote(
+def test_a_baseline_of_another_image_size_needs_a_recorded_promotion(
     baseline: Path, project: Path, shards: Path, tmp_path: Path
 ) -> None:
     other = rewritten_baseline(baseline, tmp_path / "baseline", image_size=64)
@@ -386,7 +386,7 @@ def test_a_baseline_of_another_image_size_needs_make_promote(
     assert "the baseline model takes 64x64 images (squash, bilinear), this run's test shards hold 32x32 (squash" in (
         verdict.summary()
     )
-    assert "`make promote`" in verdict.summary()
+    assert '`make promote ACCEPT="<why>"`' in verdict.summary()
 
 
 def test_the_baseline_scores_are_reused_and_a_changed_baseline_byte_is_refused_every_time(
