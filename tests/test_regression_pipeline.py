@@ -154,17 +154,18 @@ def test_a_regression_an_experiment_recorded_fails_every_production_run(
         assert read(repo_dir, "gate.json")["enforced"] is True
 
         # The failed gate left check_regression out of date by DVC's status (its verdict is not in dvc.lock):
-        # neither the record nor the baseline moves.
+        # neither the record nor the baseline moves, and both name the one recorded way past it.
         refused = subprocess.run(make_command("commit-run"), cwd=repo_dir, capture_output=True, text=True,
                                  env=env_with_venv())  # fmt: skip
         assert refused.returncode != 0
-        assert "[commit-run] refused: stage check_regression is not up to date by `dvc status`" in refused.stderr
+        assert "[commit-run] refused: the gate failed on this run (REGRESSION: accuracy" in refused.stderr
+        assert 'make it the baseline anyway, saying why: `make promote ACCEPT="<why>"`' in refused.stderr
         assert sh(["git", "log", "-1", "--format=%s"], cwd=repo_dir).stdout.strip() == "promoted a good model"
 
         baseline = {p.name: p.read_bytes() for p in (repo_dir / "baseline").iterdir() if p.is_file()}
         promoted = subprocess.run(make_command("promote"), cwd=repo_dir, capture_output=True, text=True,
                                   env=env_with_venv())  # fmt: skip
-        assert promoted.returncode != 0 and "refused: stage check_regression is not up to date" in promoted.stderr
+        assert promoted.returncode != 0 and "refused: the gate failed on this run" in promoted.stderr
         assert {p.name: p.read_bytes() for p in (repo_dir / "baseline").iterdir() if p.is_file()} == baseline
 
         with contextlib.chdir(repo_dir):
