@@ -2,16 +2,17 @@
 
 `create_app(serve, paths)` builds it from the params' `serve` and `paths` sections; the model loads
 (hash-verified) and warms up in a background thread (serving/model_slot.py), and /ready says 503 until that is
-done. POST /predict takes the image as the raw body (Content-Type image/* or application/octet-stream) or as
-the multipart field `file`. Every prediction goes into this worker's drift window (GET /drift).
+done; POST /reload swaps it on every worker (serving/reload.py). POST /predict takes the image as the raw body
+(Content-Type image/* or application/octet-stream) or as the multipart field `file`. Every prediction goes into
+this worker's drift window (GET /drift).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import threading
+import tempfile
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
@@ -23,9 +24,11 @@ from serving.batching import Batcher, QueueFull
 from serving.classifier import Classifier
 from serving.errors import ERRORS, add_error_handlers
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware
-from serving.model_slot import ModelSlot, install, load, prepare
+from serving.model_slot import ModelSlot
 from serving.monitoring import Metrics, ReviewFolder, log
-from serving.schema import BatchResponse, ErrorBody, PredictResponse
+from serving.reload import Follower, add_reload
+from serving.runtime import RUNTIME_ENV, ServerRuntime
+from serving.schema import BatchResponse, PredictResponse
 from serving.uploads import PREDICT_BODY, upload_of
 from tasks.core.environment import usable_cores
 from tasks.core.params import Params, Paths, ServeParams, load_params
@@ -45,7 +48,11 @@ async def infer(batcher: Batcher, items: list[tuple[str, bytes]]) -> list[dict[s
         raise HTTPException(503, f"overloaded: {exc}", headers={"Retry-After": "1"}) from None
 
 
-def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = True) -> FastAPI:
+def create_app(
+    serve: ServeParams, paths: Paths, *, load_in_background: bool = True, runtime: ServerRuntime | None = None
+) -> FastAPI:
+    """The app; `runtime`: the server's runtime folder (serving/runtime.py), shared with its other workers.
+    Without one the app makes a folder of its own for its lifetime (one worker: tests, an embedding)."""
     metrics = Metrics()
     state = ModelSlot()
     review = ReviewFolder(serve.review_dir, serve.review_max_files, serve.review_max_file_bytes)
@@ -60,12 +67,21 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     metrics.watch_drift(lambda: state.drift)
 
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
-        loader = threading.Thread(target=load, args=(state, serve, paths, metrics), daemon=True)
-        loader.start()
+        own = runtime or ServerRuntime.start(Path(tempfile.mkdtemp(prefix="imagepipe-serve-")))
+        if runtime is None:
+            log.info("POST /reload takes the token in %s", own.token_file)
+        follower = Follower(state, serve, paths, metrics, own)
+        app.state.runtime, app.state.follower = own, follower
         if not load_in_background:
-            loader.join()
-        yield
-        batcher.close()
+            follower.load()
+        follower.start()  # loads (unless done above), then follows reloads
+        try:
+            yield
+        finally:
+            follower.stop()
+            batcher.close()
+            if runtime is None:
+                own.close()
 
     # /docs and /redoc with Swagger UI and ReDoc served by the app itself (fastapi-offline ships the
     # assets): FastAPI's own pages load them from a CDN and stay blank offline.
@@ -77,7 +93,7 @@ def create_app(serve: ServeParams, paths: Paths, *, load_in_background: bool = T
     add_error_handlers(app)
 
     _add_routes(app, state, serve, batcher, metrics, review)
-    _add_reload(app, state, serve, paths, metrics)
+    add_reload(app, state)
     return app
 
 
@@ -97,9 +113,10 @@ def _add_routes(
 
     @app.get("/ready", responses=ERRORS)
     async def ready() -> dict[str, Any]:
-        """200 once the model is loaded, hash-verified and warm; 503 before (or when loading failed)."""
+        """200 once the model is loaded, hash-verified and warm; 503 before (or when loading failed). `pid`: the
+        uvicorn worker that answered."""
         ensure_ready()
-        return {"status": "ready", "model": state.info}
+        return {"status": "ready", "model": state.info, "pid": os.getpid()}
 
     @app.get("/metrics", response_class=PlainTextResponse)  # documented as text/plain, which it is
     async def metrics_endpoint() -> Response:
@@ -136,36 +153,9 @@ def _add_routes(
         return JSONResponse({"model": state.info, "predictions": predictions})
 
 
-LOOPBACK = ("127.0.0.1", "::1", "testclient")  # testclient: Starlette's in-process test client
-
-
-def _add_reload(app: FastAPI, state: ModelSlot, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
-    """POST /reload: the production model resolved again (after `make promote`), loaded, hash-verified and
-    warmed beside the one serving, then swapped in with a fresh drift window; the old one serves until then
-    and stays when the new one cannot be loaded. Loopback clients only."""
-    reloading = asyncio.Lock()
-
-    @app.post("/reload", responses={**ERRORS, 403: {"model": ErrorBody}, 500: {"model": ErrorBody}})
-    async def reload(request: Request) -> dict[str, Any]:
-        """Serve the production model as it is on disk now (after `make promote`); from 127.0.0.1 only."""
-        if request.client is None or request.client.host not in LOOPBACK:
-            raise HTTPException(403, "forbidden: POST /reload is accepted from 127.0.0.1 / ::1 only")
-        async with reloading:
-            previous = state.info
-            try:
-                loaded = await asyncio.to_thread(prepare, serve, paths)
-            except Exception as exc:
-                log.error("reload failed, still serving %s: %s: %s", previous, type(exc).__name__, exc)
-                raise HTTPException(500, f"reload_failed: {type(exc).__name__}: {exc}; the previous model "
-                                    "still serves") from None  # fmt: skip
-            if previous and previous["sha256"] == loaded.info["sha256"]:
-                return {"status": "unchanged", "model": previous, "previous": previous}  # its drift window kept
-            install(state, loaded, metrics)
-        return {"status": "reloaded", "model": loaded.info, "previous": previous}
-
-
 def app_from_params() -> FastAPI:
     """uvicorn's factory (`make serve`): params.yaml's `serve` and `paths` sections."""
     params: Params = load_params()
     logging.basicConfig(level=logging.INFO, format="[serve] %(levelname)s %(message)s")
-    return create_app(params.serve, params.paths)
+    folder = os.environ.get(RUNTIME_ENV)  # set by `python -m serving`, which made the folder for its workers
+    return create_app(params.serve, params.paths, runtime=ServerRuntime.attach(Path(folder)) if folder else None)

@@ -1,4 +1,4 @@
-"""The server's response bodies, as pydantic models: what /predict, /predict/batch and every error
+"""The server's response bodies, as pydantic models: what /predict, /predict/batch, /reload and every error
 return, and what the OpenAPI schema at /docs shows."""
 
 from __future__ import annotations
@@ -39,3 +39,31 @@ class BatchResponse(BaseModel):
 class ErrorBody(BaseModel):
     error: str
     detail: str
+
+
+class WorkerProblem(BaseModel):
+    pid: int
+    sha256: str | None  # the model this worker serves (None: none loaded)
+    reason: str
+
+
+class ReloadResponse(BaseModel):
+    status: str  # reloaded | unchanged (| failed | incomplete with a 500)
+    model: ModelInfo | None  # what the workers serve now (most of them, when they differ)
+    previous: ModelInfo | None  # what the answering worker served before
+    generation: int  # this reload's number since the server started
+    workers: dict[str, int]  # sha256 -> how many workers serve it, of those that carried out this reload
+    failed: list[WorkerProblem]  # refused the new model: serve the previous one
+    unreached: list[WorkerProblem]  # did not report within the wait
+
+
+class ReloadError(ErrorBody):
+    """A reload that not every worker carried out: reload_failed (each refused it) or reload_incomplete."""
+
+    status: str | None = None
+    model: ModelInfo | None = None
+    previous: ModelInfo | None = None
+    generation: int | None = None
+    workers: dict[str, int] | None = None
+    failed: list[WorkerProblem] | None = None
+    unreached: list[WorkerProblem] | None = None

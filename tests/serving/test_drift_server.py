@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from serving.app import create_app
+from serving.runtime import ServerRuntime
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import DriftParams, Params
 from tasks.images.imaging import load_array
@@ -197,7 +198,8 @@ def test_reload_serves_the_promoted_model_and_keeps_the_old_one_when_the_new_one
     exported: Path, tmp_path: Path
 ) -> None:
     """POST /reload after the production model changed: the new one, hash-verified, with a fresh drift window;
-    a file that fails its hash check is refused and the old model goes on serving; loopback clients only."""
+    a file that fails its hash check is refused and the old model goes on serving; only with the server's token,
+    from wherever the request comes."""
     project = tmp_path / "project"
     (project / "models").mkdir(parents=True)
     onnx_path = project / "models" / "model.onnx"
@@ -205,7 +207,10 @@ def test_reload_serves_the_promoted_model_and_keeps_the_old_one_when_the_new_one
     write_json(project / "reports" / "export.json", {"onnx_sha256": sha256_file(onnx_path)})
     serve = SERVE.model_copy(update={"review_dir": tmp_path / "review"})
     one = next((exported / "images" / "class_0").iterdir()).read_bytes()
-    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as client:
+    runtime = ServerRuntime.start(tmp_path / "runtime")
+    token = {"Authorization": f"Bearer {(tmp_path / 'runtime' / 'token').read_text().strip()}"}
+    app = create_app(serve, paths_of(project), load_in_background=False, runtime=runtime)
+    with TestClient(app, headers=token) as client:
         old = client.get("/ready").json()["model"]
         assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
         assert client.post("/reload").json()["status"] == "unchanged"
@@ -228,5 +233,7 @@ def test_reload_serves_the_promoted_model_and_keeps_the_old_one_when_the_new_one
         assert "does not match the recorded" in refused.json()["detail"]
         assert client.get("/ready").json()["model"]["sha256"] == sha256_file(int8)  # still serving
         assert client.post("/predict", content=one, headers={"content-type": "image/png"}).status_code == 200
-    with TestClient(create_app(serve, paths_of(project)), client=("10.1.2.3", 50000)) as outside:
+    with TestClient(create_app(serve, paths_of(project), runtime=runtime), client=("10.1.2.3", 50000)) as outside:
         assert outside.post("/reload").status_code == 403
+        assert outside.post("/reload", headers=token).json()["error"] == "reload_failed"  # let in: the token counts
+    runtime.close()
