@@ -190,10 +190,11 @@ review-label-errors: setup
 serve: serve-venv
 	$(SERVE_VENV)/bin/python -m serving
 
-# After `make promote`: the running server (serve.host:serve.port) loads the new production model, verifies its
-# hash and swaps it in; the old one serves until then, and stays when the new one is refused (docs: Serving).
-reload: setup
-	@$(BIN)/python scripts/reload_server.py
+# After `make promote`: every worker of the running server (serve.host:serve.port) loads the new production model,
+# verifies its hash and swaps it in; the old one serves until then, and stays when the new one is refused. Sends
+# the token the server wrote to <paths.runs>/serve/<port>/token; needs only the serving venv (docs: Serving).
+reload: serve-venv
+	@$(SERVE_VENV)/bin/python scripts/reload_server.py
 
 # Classify images without a server: SRC=<image or folder> -> OUT (predictions.csv), one row per file, from the
 # torch-free serving venv and the server's code path (MODEL= another ONNX; default what make serve serves).
