@@ -27,7 +27,7 @@ import yaml
 from tasks.core.params import load_params
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import ROOT, commit, env_with_venv, make_command, make_project
-from tests.helpers.serving import running_server
+from tests.helpers.serving import post_reload, running_server
 
 NAME = "colours"
 DRIFTED = "class_1"  # the one class the drifted traffic holds
@@ -158,7 +158,7 @@ def test_drift_relabel_grow_retrain_promote_reload(tmp_path: Path, prefect_api: 
         make(repo, "promote")
         second_sha = sha256_of(repo / "baseline" / "model.onnx")
         assert second_sha != first_sha
-        reloaded = httpx.post(f"{url}/reload", timeout=120)
+        reloaded = post_reload(repo, url)
         assert reloaded.status_code == 200 and reloaded.json()["status"] == "reloaded", reloaded.text
         assert reloaded.json()["previous"]["sha256"] == first_sha
         assert httpx.get(f"{url}/ready").json()["model"]["sha256"] == second_sha

@@ -43,17 +43,35 @@ SERVE = ServeParams(threads=1, warmup_runs=1, max_body_bytes=256 * 1024, max_bat
 
 
 def paths_of(root: Path) -> Paths:
-    return Paths(onnx=root / "models" / "model.onnx", reports=root / "reports", baseline=root / "baseline")
+    return Paths(onnx=root / "models" / "model.onnx", reports=root / "reports", baseline=root / "baseline",
+                 runs=root / "runs")  # fmt: skip
 
 
 SERVER = """
 import json, sys, uvicorn
+from pathlib import Path
 from serving.app import create_app
+from serving.runtime import ServerRuntime
 from tasks.core.params import Paths, ServeParams
 serve, paths = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-app = create_app(ServeParams(**serve), Paths(**paths))
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+runtime = ServerRuntime.start(Path(sys.argv[4]))
+try:
+    app = create_app(ServeParams(**serve), Paths(**paths), runtime=runtime)
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[3]), log_level="warning")
+finally:
+    runtime.close()
 """
+
+
+def runtime_of(project: Path, url: str) -> Path:
+    """The runtime folder of the running_server at `url`: its reload token, as python -m serving keeps it."""
+    return paths_of(project).runs / "serve" / url.rsplit(":", 1)[1]
+
+
+def post_reload(project: Path, url: str) -> httpx.Response:
+    """POST /reload with the server's token, as make reload sends it."""
+    token = (runtime_of(project, url) / "token").read_text().strip()
+    return httpx.post(f"{url}/reload", headers={"Authorization": f"Bearer {token}"}, timeout=120)
 
 
 @functools.cache
@@ -74,7 +92,8 @@ def running_server(
     port = free_port()
     settings = SERVE.model_copy(update={"review_dir": review_dir, **serve}).model_dump(mode="json")
     paths = paths_of(project).model_dump(mode="json")
-    command = [str(serve_python()), "-c", SERVER, json.dumps(settings), json.dumps(paths), str(port)]
+    runtime = str(paths_of(project).runs / "serve" / str(port))
+    command = [str(serve_python()), "-c", SERVER, json.dumps(settings), json.dumps(paths), str(port), runtime]
     stderr = log.open("wb") if log is not None else None
     proc = subprocess.Popen(command, cwd=ROOT, stderr=stderr)
     url = f"http://127.0.0.1:{port}"
