@@ -434,6 +434,7 @@ class ServeParams(Section):
     review_dir: Path = Field(Path("data/review"), description="low-confidence inputs: <class>/<sha256>.<ext> + .json")
     review_max_files: int = Field(1000, ge=0, description="stop saving to review_dir once it holds this many images")
     review_max_file_bytes: int = Field(2 * 2**20, ge=0, description="larger low-confidence uploads: logged, not saved")
+    review_port: int = Field(8010, ge=1, le=65535, description="make review: the review page on 127.0.0.1:<this port>")
     drift: DriftParams = DriftParams()
 
 
