@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")  # the review folder's file names: <sha256>.<ext>
 
 
-def merge(src: Path, name: str, dest: Path, *, params: Params) -> MergePlan:
-    """Merge `src` into the DVC-tracked dataset `dest` (data/raw/<name>); returns what was done."""
+def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[str, Any] | None = None) -> MergePlan:
+    """Merge `src` into the DVC-tracked dataset `dest` (data/raw/<name>); returns what was done. `decisions`: the
+    review page's log as the merge took it in (entries, sha256), recorded with the merge so the two stay tied."""
     src, dvc_file = Path(src), dest.with_name(f"{name}.dvc")
     _check_dataset(src, name, dest, dvc_file)
     layout, pairs = folder_pairs(src, dest, what=f"INTO {name}")
@@ -41,7 +42,7 @@ def merge(src: Path, name: str, dest: Path, *, params: Params) -> MergePlan:
         _apply(plan, dest, dvc_file)
         with edit_yaml(dvc_file) as document:  # `dvc add` keeps a .dvc file's meta when it adds again
             meta = document.get("meta") or {}
-            meta.setdefault("merges", []).append(plan.record(rule, from_review))
+            meta.setdefault("merges", []).append(plan.record(rule, from_review, decisions))
             document["meta"] = meta
     _log(plan, src, dest, dvc_file, params, rule)
     if from_review:  # the skipped ones too: their bytes are in the dataset already

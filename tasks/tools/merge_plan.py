@@ -44,9 +44,12 @@ class MergePlan:
     ignored: int = 0  # files of SRC that are no images in class folders (sidecars, hidden, loose files)
     classes_new: list[str] = field(default_factory=list)
 
-    def record(self, rule: dict[str, Any], from_review: bool) -> dict[str, Any]:
-        """The meta.merges entry: counts only, so the same merge writes the same bytes anywhere."""
-        return {
+    def record(
+        self, rule: dict[str, Any], from_review: bool, decisions: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The meta.merges entry: counts only, so the same merge writes the same bytes anywhere; `decisions` (the
+        review page's take-in): how many entries its decision log held and that prefix's sha256."""
+        found = {
             "added": len(self.add),
             "skipped": len(self.skipped),
             "classes": self.per_class(),
@@ -55,6 +58,9 @@ class MergePlan:
             "split_rule": rule,
             "from_review": from_review,
         }
+        if decisions is not None:
+            found["decisions"] = decisions
+        return found
 
     def per_class(self) -> dict[str, dict[str, int]]:
         added, skipped = Counter(i.cls for i, _ in self.add), Counter(i.cls for i in self.skipped)
