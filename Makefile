@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced reproduce push pull
+.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced reproduce push pull review
 .PHONY: experiments sweep
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -184,6 +184,13 @@ lr-find: setup
 TOP ?= 30
 review-label-errors: setup
 	$(BIN)/python -m tasks.tools.review_label_errors --top $(TOP)
+
+# The review page on 127.0.0.1:<serve.review_port> (params.yaml), offline: label the review folder by keyboard,
+# discard, undo, fix label-error candidates inside the dataset, take the labelled images in (the add-data merge into
+# INTO=, default the data/raw/<name> that data.source is in) and accept the gate's decision. Every decision goes to
+# data/raw/<name>.decisions.jsonl (append-only; without a tracked dataset <review_dir>/.decisions.jsonl).
+review: setup
+	$(BIN)/python -m tasks.tools.review $(if $(INTO),--into "$(INTO)")
 
 # The production ONNX model (baseline/ from make promote, else models/model.onnx), hash-verified,
 # behind FastAPI on serve.host:serve.port (params.yaml `serve`). docs/serving.md.

@@ -1,0 +1,92 @@
+"""The reviewer's decisions on review images -> moves inside the review folder and lines of the decision log.
+
+label: into <review_dir>/<class>/ (the take-in merges class folders); discard: into <review_dir>/.discarded/<class>/
+(hidden: no merge takes it, nothing is deleted); undo: the newest decision that stands, moved back, logged as an
+undo line (the log is append-only). Each request names where the page saw each image: moved since, it is a 409.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.tools.review.decisions import last_batch
+from tasks.tools.review.fix import undo_fix
+from tasks.tools.review.items import resolve
+from tasks.tools.review.moves import Move, move_all
+from tasks.tools.review.names import check_class_name
+from tasks.tools.review.refusals import BadInput, Refusal
+from tasks.tools.review.state import DISCARDED, Review
+
+
+def _unique(refs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    if not refs:
+        raise BadInput("no image selected: select one (click, or the arrow keys) first")
+    return list(dict.fromkeys(refs))
+
+
+def _apply(review: Review, what: str, moves: list[tuple[Any, str]]) -> list[dict[str, Any]]:
+    """Move each (item, to folder); log one line each; a failed log write puts the images back."""
+    planned = [Move(review.review_dir / item.folder / item.name, review.review_dir / to / item.name)
+               for item, to in moves]  # fmt: skip
+    move_all(planned)
+    try:
+        return review.log.append([{"what": what, "sha256": item.id, "from": item.folder, "to": to}
+                                  for item, to in moves])  # fmt: skip
+    except BaseException:
+        move_all([Move(m.target, m.image) for m in planned])
+        raise
+
+
+def label(review: Review, refs: list[tuple[str, str]], to: str | None = None) -> list[dict[str, Any]]:
+    """File each image under class `to`; `to` None: under the model's guess for it (Enter)."""
+    with review.lock:
+        if to is not None:
+            check_class_name(to)
+        items = resolve(review, _unique(refs))
+        moves = []
+        for item in items:
+            target = to if to is not None else item.guess
+            if target is None:
+                raise BadInput(f"image {item.id[:12]} has no model guess (no sidecar): press a class key instead")
+            moves.append((item, check_class_name(target)))
+        return _apply(review, "label", moves)
+
+
+def discard(review: Review, refs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    with review.lock:
+        items = resolve(review, _unique(refs))
+        return _apply(review, "discard", [(item, f"{DISCARDED}/{item.folder.split('/')[-1]}") for item in items])
+
+
+def add_class(review: Review, name: str) -> str:
+    """A class the dataset does not have yet: checked as a folder name, then offered (with a key) on the page."""
+    with review.lock:
+        check_class_name(name)
+        if name not in review.new_classes:
+            review.new_classes.append(name)
+        return name
+
+
+def undo(review: Review) -> list[dict[str, Any]]:
+    """The newest decision that stands, reversed (every image of its batch), and logged as undo lines."""
+    with review.lock:
+        batch = last_batch(review.log.entries())
+        if not batch:
+            raise Refusal(f"undo: nothing to undo, no decision in {review.log.path} stands")
+        first = batch[0]
+        if first["what"] == "take-in":
+            raise Refusal(f"undo: the newest decision is the take-in into {first['to']} by {first['who']} at "
+                          f"{first['when']}; a merge is not undone from this page (the dataset's previous version "
+                          "is the .dvc file in git)")  # fmt: skip
+        if first["what"] == "accept":
+            raise Refusal(f"undo: the newest decision is the gate decision {first['who']} accepted at "
+                          f"{first['when']}; it is not undone from this page (the baseline's previous version is "
+                          "in git)")  # fmt: skip
+        if first["what"] == "fix-in-place":
+            return review.log.append(undo_fix(review, batch))
+        items = resolve(review, [(e["sha256"], e["to"]) for e in batch])
+        moves = [Move(review.review_dir / e["to"] / item.name, review.review_dir / e["from"] / item.name)
+                 for e, item in zip(batch, items, strict=True)]  # fmt: skip
+        move_all(moves)
+        return review.log.append([{"what": "undo", "undoes": e["batch"], "undid": e["what"], "sha256": e["sha256"],
+                                   "from": e["to"], "to": e["from"]} for e in batch])  # fmt: skip

@@ -1,0 +1,160 @@
+"""The review page: FastAPI + Jinja2, server-rendered, every script and style served by itself (offline).
+
+GET / renders the images (sorted, filtered by the model's guess); GET /img/... serves images from the review
+folder and the dataset only; POST /api/... decides (label, discard, undo, classes, fix, take-in, accept) and
+answers JSON, a refusal as {"error": "<one line>"} with its status (400, 404, 409, 410).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tasks.core.errors import StageError
+from tasks.images.imaging import is_image_name
+from tasks.tools.review import accept as gate
+from tasks.tools.review import actions, fix, intake
+from tasks.tools.review.items import classes, list_items, sort_items, standing_of
+from tasks.tools.review.refusals import NotFound
+from tasks.tools.review.state import Review
+
+HERE = Path(__file__).parent
+SORTS = {"confidence": "least sure first", "newest": "newest first", "oldest": "oldest first"}
+PAGE_KEYS = {"Enter": "accept the model's guess", "x": "discard", "u": "undo the last decision",
+             "f": "fix a label-error candidate in place", "←↑→↓": "move (with Shift: select)",
+             "Ctrl+A": "select all", "n": "name a new class"}  # fmt: skip
+
+
+class Ref(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    folder: str  # where the page saw the image: a move since then is a 409
+
+
+class Selection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    items: list[Ref] = Field(default_factory=list)
+    to: str | None = None  # a class; None with label: each image's model guess
+
+
+class Named(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = ""
+
+
+class Reason(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = ""
+
+
+def _refs(selection: Selection) -> list[tuple[str, str]]:
+    return [(ref.id, ref.folder) for ref in selection.items]
+
+
+def _served(base: Path | None, rel: str, what: str) -> FileResponse:
+    """A file of `base` by its relative path; anything resolving outside it (.., links) is a 404."""
+    if base is not None and base.is_dir() and ".." not in Path(rel).parts:
+        target = (base / rel).resolve()
+        if base.resolve() in target.parents and target.is_file() and is_image_name(target.name):
+            return FileResponse(target, headers={"Cache-Control": "no-cache"})
+    raise NotFound(f"{rel}: not an image of {what}")
+
+
+def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> FastAPI:
+    app = FastAPI(title="imagepipe review", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = Jinja2Templates(directory=HERE / "templates")
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    @app.middleware("http")
+    async def same_machine_only(request: Request, call_next: Any) -> Any:
+        """Only this machine's own pages: a Host other than 127.0.0.1 (DNS rebinding) or a POST that is not
+        JSON (a cross-site form, which no browser preflights) is refused."""
+        if request.url.hostname not in allowed_hosts:
+            return JSONResponse({"error": f"host {request.url.hostname!r}: the review page answers on 127.0.0.1 "
+                                          "only"}, status_code=403)  # fmt: skip
+        json_body = request.headers.get("content-type", "").startswith("application/json")
+        if request.method == "POST" and not json_body:
+            return JSONResponse({"error": "POST bodies are JSON (Content-Type: application/json)"}, status_code=415)
+        return await call_next(request)
+
+    @app.exception_handler(StageError)
+    async def refused(_: Request, exc: StageError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=getattr(exc, "status", 409))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def malformed(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        return JSONResponse({"error": f"request {where or 'body'}: {first.get('msg')}"}, status_code=400)
+
+    def listing(sort: str, guess: str | None) -> dict[str, Any]:
+        items = list_items(review)
+        standing = standing_of(review)
+        dest = review.dataset.dest if review.dataset else None
+        shown = [i.to_json(standing.get(i.id), dest) for i in sort_items(items, sort, guess)]
+        return {"items": shown, "classes": classes(review, items), "total": len(items)}
+
+    @app.get("/", response_class=HTMLResponse)
+    def page(request: Request, sort: str = "confidence", guess: str | None = None) -> Any:
+        sort = sort if sort in SORTS else "confidence"
+        data = listing(sort, guess or None)
+        context = {"data": data, "sort": sort, "sorts": SORTS, "guess": guess or "", "page_keys": PAGE_KEYS,
+                   "review_dir": review.review_dir, "dataset": review.dataset, "log": review.log.path,
+                   "source": review.params.data.source, "who": review.log.who}  # fmt: skip
+        return templates.TemplateResponse(request, "review.html", context)
+
+    @app.get("/api/items")
+    def items(sort: str = "confidence", guess: str | None = None) -> dict[str, Any]:
+        return listing(sort if sort in SORTS else "confidence", guess or None)
+
+    @app.get("/img/review/{rel:path}")
+    def review_image(rel: str) -> FileResponse:
+        return _served(review.review_dir, rel, f"the review folder {review.review_dir}")
+
+    @app.get("/img/dataset/{rel:path}")
+    def dataset_image(rel: str) -> FileResponse:
+        base = review.dataset.dest if review.dataset else None
+        return _served(base, rel, f"the dataset {base}" if base else "a dataset (this page has none)")
+
+    @app.post("/api/label")
+    def label(selection: Selection) -> dict[str, Any]:
+        return {"entries": actions.label(review, _refs(selection), selection.to)}
+
+    @app.post("/api/discard")
+    def discard(selection: Selection) -> dict[str, Any]:
+        return {"entries": actions.discard(review, _refs(selection))}
+
+    @app.post("/api/undo")
+    def undo() -> dict[str, Any]:
+        return {"entries": actions.undo(review)}
+
+    @app.post("/api/classes")
+    def new_class(named: Named) -> dict[str, Any]:
+        name = actions.add_class(review, named.name)
+        return {"name": name, "classes": classes(review, list_items(review))}
+
+    @app.post("/api/fix")
+    def fix_in_place(selection: Selection) -> dict[str, Any]:
+        return fix.fix_in_place(review, _refs(selection))
+
+    @app.post("/api/take-in")
+    def take_in() -> dict[str, Any]:
+        return intake.take_in(review)
+
+    @app.post("/api/accept")
+    def accept(reason: Reason) -> dict[str, Any]:
+        return gate.accept(review, reason.reason)
+
+    return app

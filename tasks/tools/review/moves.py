@@ -1,0 +1,71 @@
+"""Moving review images between folders of the review folder: image and sidecar together, atomically
+(os.replace within one filesystem), so that an image is never without its sidecar and a batch is all or nothing.
+
+The sidecar goes first (linked into the new folder, as the server writes it before the image), then the image
+(os.replace), then the old sidecar name is removed. A failure part-way puts every moved file back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.tools.review.refusals import Gone, Refusal
+
+
+@dataclass(frozen=True)
+class Move:
+    image: Path  # where it is
+    target: Path  # where it goes (same name, another folder)
+
+    @property
+    def sidecars(self) -> tuple[Path, Path]:
+        return self.image.with_suffix(".json"), self.target.with_suffix(".json")
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a filesystem without hard links: a copy, renamed in
+        tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+
+
+def move_one(move: Move) -> None:
+    old_sidecar, new_sidecar = move.sidecars
+    if move.target.exists() or new_sidecar.exists():
+        raise Refusal(f"{move.target}: already there (the same image, filed twice?); nothing was moved")
+    move.target.parent.mkdir(parents=True, exist_ok=True)
+    has_sidecar = old_sidecar.is_file()
+    if has_sidecar:
+        _link(old_sidecar, new_sidecar)
+    try:
+        os.replace(move.image, move.target)
+    except FileNotFoundError:
+        if has_sidecar:
+            new_sidecar.unlink(missing_ok=True)
+        raise Gone(f"{move.image}: gone from the review folder while it was being moved (taken in or moved by "
+                   "someone else); reload the page") from None  # fmt: skip
+    except BaseException:
+        if has_sidecar:
+            new_sidecar.unlink(missing_ok=True)
+        raise
+    if has_sidecar:
+        old_sidecar.unlink(missing_ok=True)
+
+
+def move_all(moves: list[Move]) -> None:
+    """Every move, or none: a failure puts back the ones done (in reverse) and raises the first error."""
+    done: list[Move] = []
+    try:
+        for move in moves:
+            if move.image != move.target:
+                move_one(move)
+                done.append(move)
+    except BaseException:
+        for move in reversed(done):
+            move_one(Move(move.target, move.image))
+        raise
