@@ -138,7 +138,11 @@ class ReviewFolder:
             return self._count
 
     def _images(self) -> int:
-        return sum(1 for p in self.root.rglob("*") if p.is_file() and is_image_name(p)) if self.root.is_dir() else 0
+        """Images still to review: a hidden folder's (the review page's .discarded/) are decided, not counted."""
+        if not self.root.is_dir():
+            return 0
+        return sum(1 for p in self.root.rglob("*") if p.is_file() and is_image_name(p)
+                   and not any(part.startswith(".") for part in p.relative_to(self.root).parts))  # fmt: skip
 
     def save(self, data: bytes, sha256: str, label: str, record: dict[str, Any]) -> str | None:
         """Write the image and its sidecar (temp + rename); returns why not when it was skipped."""

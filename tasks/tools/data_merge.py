@@ -127,7 +127,9 @@ def _empty_review(review: Path, taken: list[Path]) -> int:
     number of sidecars removed."""
     hashed = {p.stem for p in taken if SHA256_NAME.fullmatch(p.stem)}
     sidecars = {p.with_suffix(".json") for p in taken if p.with_suffix(".json").is_file()}
-    sidecars |= {p for p in review.rglob("*.json") if p.stem in hashed and p.is_file()}
+    # a sidecar in a hidden folder (the review page's .discarded/) belongs to an image that stays there
+    sidecars |= {p for p in review.rglob("*.json") if p.stem in hashed and p.is_file()
+                 and not any(part.startswith(".") for part in p.relative_to(review).parts[:-1])}  # fmt: skip
     for path in [*taken, *sidecars]:
         path.unlink(missing_ok=True)
     review = review.resolve()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import os
 import socket
 import struct
@@ -241,6 +242,20 @@ def test_low_confidence_inputs_go_to_a_bounded_review_folder(project: Path, tmp_
         assert sidecar["predicted"] == picture.parent.name  # ImageFolder layout: <class>/<file>
         assert sidecar["sha256"] == picture.stem and len(sidecar["probabilities"]) == 3
         assert picture.read_bytes() in {p.read_bytes() for p in images}
+
+
+def test_images_the_review_page_discarded_do_not_fill_the_review_folder(project: Path, tmp_path: Path) -> None:
+    review = tmp_path / "review"
+    discarded = review / ".discarded" / "class_0"  # decided by a person: hidden, kept, no longer to review
+    discarded.mkdir(parents=True)
+    for i, path in enumerate(raw_images(project)[4:6]):
+        shutil.copyfile(path, discarded / f"{i}{path.suffix}")
+    serve = SERVE.model_copy(update={"low_confidence": 1.0, "review_dir": review, "review_max_files": 2})
+    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as c:
+        for path in raw_images(project)[:2]:
+            c.post("/predict", files={"file": (path.name, path.read_bytes())})
+        text = c.get("/metrics").text
+    assert 'serve_review_skipped_total{why="full"}' not in text and "serve_review_saved_total 2.0" in text
 
 
 def test_not_ready_until_a_verified_model_is_loaded(project: Path, tmp_path: Path) -> None:

@@ -207,14 +207,19 @@ def test_the_review_folder_is_taken_in_and_emptied_of_what_was_taken(tracked: Pa
     (review / "README.txt").write_text("notes of the reviewer")  # not taken: stays
     unrelated = review / "class_1" / "notes.json"
     unrelated.write_text("{}")  # a .json that is no taken image's sidecar: stays
+    discarded = review / ".discarded" / "class_0"  # the review page's discard of the same bytes: stays, sidecar too
+    discarded.mkdir(parents=True)
+    shutil.copy2(relabelled, discarded / moved.name)
+    shutil.copy2(moved.with_suffix(".json"), discarded / f"{moved.stem}.json")
+    kept = sorted(p.relative_to(review).as_posix() for p in (review / ".discarded").rglob("*"))
 
     proc = make(repo, "add-data", "SRC=data/review", "INTO=pets")
 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (dest / "class_1" / moved.name).read_bytes() == (tmp_path / "traffic" / "class_0" / "000.jpg").read_bytes()
     assert not list(dest.rglob("*.json"))  # no sidecar came in
-    assert sorted(p.relative_to(review).as_posix() for p in review.rglob("*")) == [
-        "README.txt", "class_1", "class_1/notes.json"]  # fmt: skip
+    assert sorted(p.relative_to(review).as_posix() for p in review.rglob("*")) == sorted([
+        "README.txt", "class_1", "class_1/notes.json", ".discarded", *kept])  # fmt: skip
     assert "6 added, 1 skipped" in proc.stdout and "7 image(s) and 6 sidecar(s) taken out" in proc.stdout
     (entry,) = meta_merges(repo)
     assert entry["from_review"] is True and entry["classes"]["class_1"] == {"added": 4, "skipped": 1}
