@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import os
+import shutil
 import socket
 import struct
 import subprocess
