@@ -28,8 +28,7 @@ def _main(params: Params) -> None:
     port = params.serve.review_port
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", port)) == 0:
-            raise StageError(f"port {port} on 127.0.0.1 is taken (serve.review_port in params.yaml): stop what "
-                             "listens there, or change the port")  # fmt: skip
+            raise StageError(f"port {port} on 127.0.0.1 is taken: free it or change serve.review_port")
     import uvicorn
 
     from tasks.tools.review.app import create_app

@@ -31,8 +31,7 @@ def accept(review: Review, reason: str) -> dict[str, Any]:
     """promote --accept, then the gate again if promote succeeded; every step's command, status and output."""
     reason = reason.strip()
     if not reason:
-        raise BadInput("accept: the reason is empty; say why the gate's decision is accepted (it is recorded with "
-                       "the promoted baseline)")  # fmt: skip
+        raise BadInput("accept: the reason is empty; say why")
     with review.lock:
         check_unlocked(review.root, "accept")
         steps = [_run(review, ["-m", "tasks.tools.promote", "--accept", reason])]

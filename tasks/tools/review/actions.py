@@ -20,7 +20,7 @@ from tasks.tools.review.state import DISCARDED, Review
 
 def _unique(refs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     if not refs:
-        raise BadInput("no image selected: select one (click, or the arrow keys) first")
+        raise BadInput("no image selected: click one first")
     return list(dict.fromkeys(refs))
 
 
@@ -47,7 +47,7 @@ def label(review: Review, refs: list[tuple[str, str]], to: str | None = None) ->
         for item in items:
             target = to if to is not None else item.guess
             if target is None:
-                raise BadInput(f"image {item.id[:12]} has no model guess (no sidecar): press a class key instead")
+                raise BadInput(f"image {item.id[:12]} has no model guess: press a class key")
             moves.append((item, check_class_name(target)))
         return _apply(review, "label", moves)
 
@@ -75,13 +75,11 @@ def undo(review: Review) -> list[dict[str, Any]]:
             raise Refusal(f"undo: nothing to undo, no decision in {review.log.path} stands")
         first = batch[0]
         if first["what"] == "take-in":
-            raise Refusal(f"undo: the newest decision is the take-in into {first['to']} by {first['who']} at "
-                          f"{first['when']}; a merge is not undone from this page (the dataset's previous version "
-                          "is the .dvc file in git)")  # fmt: skip
+            raise Refusal(f"undo: the newest decision ({first['who']}'s take-in into {first['to']} at "
+                          f"{first['when']}) is undone in git, not here")  # fmt: skip
         if first["what"] == "accept":
-            raise Refusal(f"undo: the newest decision is the gate decision {first['who']} accepted at "
-                          f"{first['when']}; it is not undone from this page (the baseline's previous version is "
-                          "in git)")  # fmt: skip
+            raise Refusal(f"undo: the newest decision ({first['who']}'s accept of the gate at {first['when']}) is "
+                          "undone in git, not here")  # fmt: skip
         if first["what"] == "fix-in-place":
             return review.log.append(undo_fix(review, batch))
         items = resolve(review, [(e["sha256"], e["to"]) for e in batch])

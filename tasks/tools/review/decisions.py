@@ -53,8 +53,7 @@ class DecisionLog:
             try:
                 found.append(json.loads(line))
             except json.JSONDecodeError:
-                raise Refusal(f"decision log {self.path} line {number} is not JSON: the log is append-only and "
-                              "written by the review page alone; restore it from git") from None  # fmt: skip
+                raise Refusal(f"decision log {self.path} line {number} is not JSON; restore it from git") from None
         return found
 
     def append(self, lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

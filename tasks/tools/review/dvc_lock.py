@@ -39,7 +39,6 @@ def check_unlocked(root: Path, action: str) -> None:
     try:
         lock.lock()  # DVC's own retries: about 3 s, so a short `dvc status` of someone else's passes
     except LockError:
-        raise Refusal(f"{action}: DVC's repository lock .dvc/tmp/lock is held{_holder(tmp_dir / 'lock')}: "
-                      "`make run` (dvc repro) or another DVC command is running; try again when it has finished, "
-                      "nothing was moved") from None  # fmt: skip
+        raise Refusal(f"{action}: DVC's lock .dvc/tmp/lock is held{_holder(tmp_dir / 'lock')}; try again when DVC is "
+                      "done") from None  # fmt: skip
     lock.unlock()

@@ -36,9 +36,8 @@ def dataset_of(review: Review, file: Path) -> Dataset:
             return Dataset(name, RAW / name, dvc_file)
     source = Path(review.params.data.source)
     folder = source if source.resolve() in resolved.parents else file.parent.parent
-    raise Refusal(f"fix-in-place: {file} is not inside a DVC-tracked dataset under {RAW}/, so there is no dataset "
-                  f"file to fix; `make add-data SRC={folder} NAME=shapes` makes it one (then `make run` and `make "
-                  "review-label-errors` name the candidates inside it)")  # fmt: skip
+    raise Refusal(f"fix-in-place: {file} is not in a DVC-tracked dataset under {RAW}/; make one: `make add-data "
+                  f"SRC={folder} NAME=shapes`, `make run`, `make review-label-errors`")  # fmt: skip
 
 
 def _target(item: Item, dataset: Dataset, file: Path) -> Path:
@@ -58,8 +57,7 @@ def _target(item: Item, dataset: Dataset, file: Path) -> Path:
             if cls != rel.parts[0] and os.path.lexists(new):
                 raise Refusal(f"fix-in-place: {new} already exists; rename one of the two, nothing was moved")
             return new if cls != rel.parts[0] else file
-    raise Refusal(f"fix-in-place: {file} is not in a class folder of {dataset.dest} as tasks/images/layout.py "
-                  "reads it; nothing was moved")  # fmt: skip
+    raise Refusal(f"fix-in-place: {file} is not in a class folder of {dataset.dest}; nothing was moved")
 
 
 def _ready(review: Review, dataset: Dataset, action: str) -> None:
@@ -106,14 +104,13 @@ def fix_in_place(review: Review, refs: list[tuple[str, str]]) -> dict[str, Any]:
         datasets: dict[str, Dataset] = {}
         for item in items:
             if not item.candidate:
-                raise BadInput(f"fix-in-place: image {item.id[:12]} is no label-error candidate (its sidecar has no "
-                               "`source: label_errors`): label it instead")  # fmt: skip
+                raise BadInput(f"fix-in-place: image {item.id[:12]} is no label-error candidate: label it instead")
             file = Path(str(item.sidecar.get("file") or ""))
             dataset = dataset_of(review, file)
             datasets[dataset.name] = dataset
             if not file.is_file():
-                raise Gone(f"fix-in-place: {file}, the dataset's file of image {item.id[:12]}, is gone (moved "
-                           f"meanwhile? `dvc status {dataset.dvc_file}`); nothing was moved")  # fmt: skip
+                raise Gone(f"fix-in-place: {file} (image {item.id[:12]}) is gone; nothing was moved (`dvc status "
+                           f"{dataset.dvc_file}`)")  # fmt: skip
             plans.append((item, file, _target(item, dataset, file)))
         if len(datasets) > 1:
             raise BadInput(f"fix-in-place: the selected candidates are in {len(datasets)} datasets "

@@ -43,21 +43,19 @@ def _said(logger: str) -> Iterator[list[str]]:
 def _check_ready(review: Review) -> None:
     items = list_items(review)
     if not items:
-        raise Refusal(f"take-in: {review.review_dir} holds no images in class folders; nothing to take in")
+        raise Refusal(f"take-in: {review.review_dir} has no images to take in")
     standing = standing_by_image(review.log.entries())
     undecided = [i for i in items if not (standing.get(i.id, {}).get("what") == "label"
                                           and standing[i.id]["to"] == i.folder)]  # fmt: skip
     if undecided:
         raise Refusal(f"take-in: {len(undecided)} of {len(items)} image(s) have no decision yet (first: "
-                      f"{undecided[0].folder}/{undecided[0].name}); label them, accept the model's guess (Enter) or "
-                      "discard them (x) first: the merge takes every image of the class folders")  # fmt: skip
+                      f"{undecided[0].folder}/{undecided[0].name}); label or discard (x) them first")  # fmt: skip
     crossed = [i for i in items if i.candidate and i.sidecar.get("given") not in (None, i.folder)]
     if crossed:
         first = crossed[0]
-        raise Refusal(f"take-in: {len(crossed)} label-error candidate(s) are filed under another class than the "
-                      f"dataset gives them (first: {first.sidecar.get('file')}, class {first.sidecar.get('given')}, "
-                      f"filed under {first.folder}); fix them in place (f) or discard them (x) first: one image "
-                      "cannot have two labels")  # fmt: skip
+        raise Refusal(f"take-in: {len(crossed)} label-error candidate(s) relabelled (first: "
+                      f"{first.sidecar.get('file')}, {first.sidecar.get('given')} -> {first.folder}); fix in place (f) "
+                      "or discard (x) them first")  # fmt: skip
 
 
 def take_in(review: Review) -> dict[str, Any]:

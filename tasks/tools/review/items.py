@@ -140,7 +140,7 @@ def safe_folder(review: Review, folder: str) -> Path:
 
 def find(review: Review, image_id: str, folder: str) -> Path | None:
     if not ID_RULE.fullmatch(image_id) or image_id in (".", ".."):
-        raise BadInput(f"image id {image_id!r}: not the name of an image of the review folder")
+        raise BadInput(f"image id {image_id!r}: no such image in the review folder")
     return next((p for p in _images(safe_folder(review, folder)) if p.stem == image_id), None)
 
 
@@ -172,14 +172,13 @@ def resolve(review: Review, refs: list[tuple[str, str]]) -> list[Item]:
                 raise Refusal(f"image {short} is no longer in {folder}/: {touch['who']} moved it to {touch['to']}/ "
                               f"at {touch['when']} ({touch['what']}); reload the page")  # fmt: skip
             raise Refusal(f"image {short} is no longer in {folder}/: it is in {elsewhere[0]}/ now, moved outside "
-                          "this page (the log has no decision that put it there); reload the page")  # fmt: skip
+                          "this page; reload the page")  # fmt: skip
         standing = standing_by_image(entries).get(image_id)
         if standing is not None and standing["what"] in ("take-in", "fix-in-place"):
             raise Gone(f"image {short} is gone from the review folder: {standing['who']} "
                        f"{'took it in to' if standing['what'] == 'take-in' else 'fixed it in place in'} "
                        f"{standing['to']} at {standing['when']}; reload the page")  # fmt: skip
-        raise Gone(f"image {short} ({folder}/) is gone from the review folder: taken in by `make add-data` or "
-                   "moved outside this page; reload the page")  # fmt: skip
+        raise Gone(f"image {short} ({folder}/) is gone from the review folder; reload the page")
     return found
 
 

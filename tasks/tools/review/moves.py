@@ -47,8 +47,7 @@ def move_one(move: Move) -> None:
     except FileNotFoundError:
         if has_sidecar:
             new_sidecar.unlink(missing_ok=True)
-        raise Gone(f"{move.image}: gone from the review folder while it was being moved (taken in or moved by "
-                   "someone else); reload the page") from None  # fmt: skip
+        raise Gone(f"{move.image}: gone while being moved; reload the page") from None
     except BaseException:
         if has_sidecar:
             new_sidecar.unlink(missing_ok=True)

@@ -23,27 +23,22 @@ class InvalidClassName(BadInput):
 def check_class_name(name: str) -> str:
     """`name` when it can be a class folder; else InvalidClassName naming the rule."""
     if not name or not name.strip():
-        raise InvalidClassName("class name is empty: type the name of the class folder")
+        raise InvalidClassName("class name is empty")
     if name != name.strip():
-        raise InvalidClassName(f"class name {name!r} begins or ends with a space: folder names that do are easily "
-                               "mistaken for others; remove the space")  # fmt: skip
+        raise InvalidClassName(f"class name {name!r} begins or ends with a space; remove it")
     if len(name) > MAX_LENGTH:
         raise InvalidClassName(f"class name {name[:20]!r}... is {len(name)} characters long: at most {MAX_LENGTH}")
     if name in (".", ".."):
-        raise InvalidClassName(f"class name {name!r} is not a folder name ('.' and '..' name folders that exist)")
+        raise InvalidClassName(f"class name {name!r} is not a folder name")
     if "/" in name or "\\" in name:
-        raise InvalidClassName(f"class name {name!r} contains a '/' or '\\': a class is one folder, not a path")
+        raise InvalidClassName(f"class name {name!r} is a path, not one folder name")
     found = FORBIDDEN.search(name)
     if found:
-        raise InvalidClassName(f"class name {name!r} contains {found.group()!r}: folder names may not hold "
-                               "\\ / : * ? \" < > | or control characters on every system")  # fmt: skip
+        raise InvalidClassName(f"class name {name!r} contains {found.group()!r}: not allowed in folder names")
     if name.startswith("."):
-        raise InvalidClassName(f"class name {name!r} starts with '.': a hidden folder is not read as a class "
-                               "(tasks/images/layout.py), so its images would never be trained on")  # fmt: skip
+        raise InvalidClassName(f"class name {name!r} starts with '.': hidden folders are not read as classes")
     if name.split(".")[0].lower() in WINDOWS_RESERVED:
-        raise InvalidClassName(f"class name {name!r} is a reserved device name on Windows (CON, PRN, AUX, NUL, "
-                               "COM1-9, LPT1-9): the dataset could not be checked out there")  # fmt: skip
+        raise InvalidClassName(f"class name {name!r} is a reserved device name on Windows")
     if name.lower() in SPLIT_NAMES:
-        raise InvalidClassName(f"class name {name!r} is a split folder name ({', '.join(sorted(SPLIT_NAMES))}): "
-                               "the dataset reader would take its folder for a split, not a class")  # fmt: skip
+        raise InvalidClassName(f"class name {name!r} is a split folder name, not a class")
     return name
