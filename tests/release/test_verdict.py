@@ -168,7 +168,7 @@ def test_a_baseline_of_another_test_set_is_one_line_naming_both() -> None:
     assert "\n" not in line
     assert "the baseline was scored on 963 images, 2 classes (cat, dog), test set sha256 aaaaaaaaaaaa" in line
     assert "this run on 36 images, 3 classes (circle, square, triangle), test set sha256 bbbbbbbbbbbb" in line
-    assert "`make promote`" in line
+    assert '`make promote ACCEPT="<why>"`' in line
     assert format_table(verdict).splitlines() == [line, "verdict: DIFFERENT TEST SET"]
     # Same images, other class names (a renamed class folder): not comparable either.
     renamed = {**SCORED, "per_class": {"cat": {"recall": 0.9}, "hound": {"recall": 0.8}}}
