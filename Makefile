@@ -84,7 +84,7 @@ docs-build: setup
 # model trained with test hooks (tasks/release/gate.py), and a file a stage depends on that is changed but not
 # staged (tasks/tools/commit_run.py). A commit that keeps a promotion names who decided it, and why.
 MSG ?= pipeline run: dvc.lock and reports
-export MSG ACCEPT
+export MSG
 commit-run: setup
 	@$(BIN)/python -m tasks.tools.commit_run
 	git add $$($(BIN)/python -m tasks.tools.commit_run --staged-paths)
@@ -135,9 +135,10 @@ add-weights: setup
 # the new baseline, so dvc.lock records it as DVC would (`dvc status` stays clean): then make commit-run.
 # A failed or incomparable gate (a regression, a class joined, other preprocessing) needs ACCEPT="<why>":
 # the reason, the verdict set aside, who and when go to baseline/decision.json, the registry and the commit.
+# ACCEPT counts only on the command line (a shell that exported one accepts nothing), with `$` kept as typed.
+PROMOTE_ACCEPT := $(if $(filter command line,$(origin ACCEPT)),$(value ACCEPT))
 promote: setup
-	$(BIN)/python -m tasks.tools.promote $${ACCEPT:+--accept "$$ACCEPT"}
-	$(BIN)/dvc repro --single-item check_regression
+	@IMAGEPIPE_ACCEPT='$(subst ','\'',$(PROMOTE_ACCEPT))' $(BIN)/python -m tasks.tools.promote --accept-from-env
 
 # The experiment table: the MLflow UI on 127.0.0.1:<tracking.ui_port> (params.yaml), offline, over mlflow.db beside
 # the project (or MLFLOW_TRACKING_URI). Every run that reached the gate is one row with its lineage; a sweep is a

@@ -35,6 +35,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_file, read_json, write_json
 from tasks.core.params import Params, RegressionParams
 from tasks.core.paths import BASELINE_METRICS, BASELINE_ONNX
+from tasks.core.provenance import project_root, stage_code
 from tasks.images.shards import load_manifest
 from tasks.release import tracking
 from tasks.release.gate import ACCEPT_COMMAND
@@ -159,6 +160,10 @@ def run(
             "model": {"path": str(onnx_path), "onnx_sha256": candidate.onnx_sha256},
             "metrics": metrics,
             "scored": {"key": candidate.key},  # the inputs the metrics were scored from (score_cache.scoring_key)
+            # the rules and the code that judged: a failed verdict is this workspace's only while both are as here
+            # (tasks/tools/record.py), since DVC records no check_regression for it
+            "judged_by": {"regression": params.model_dump(mode="json"),
+                          "code": stage_code("check_regression", project_root())},
         },
     )
     write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.project import commit, make_command, make_project, sh
+from tests.helpers.project import commit, env_with_venv, make_command, make_project, sh
 
 NAME = "colours"
-REASON = "a tenth class joined: the team checked its per-class recall by hand"
+REASON = "a tenth class joined: it's worth the $5 recall check, done by hand"  # quotes and `$` kept as typed
 
 
 def make(repo: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
@@ -61,6 +61,9 @@ def test_a_class_joins_and_a_recorded_decision_promotes_it(tmp_path: Path) -> No
     refused = make(repo, "promote", ok=False)  # no reason, no promotion; baseline/ untouched
     assert refused.returncode != 0 and 'make promote ACCEPT="<why>"' in refused.stderr, refused.stderr[-2000:]
     assert len(read(repo / "baseline" / "model.json")["class_names"]) == 9
+    exported = subprocess.run(make_command("promote"), cwd=repo, env={**env_with_venv(), "ACCEPT": "from a shell"},
+                              capture_output=True, text=True)  # fmt: skip
+    assert exported.returncode != 0, "an ACCEPT left in the environment accepted a failed gate"
 
     make(repo, "promote", f"ACCEPT={REASON}")
     assert len(read(repo / "baseline" / "model.json")["class_names"]) == 10
@@ -70,13 +73,14 @@ def test_a_class_joins_and_a_recorded_decision_promotes_it(tmp_path: Path) -> No
     assert "The classes differ" in decision["set_aside"]["summary"]
     assert (repo / "baseline" / "decision.json.dvc").is_file()  # DVC-tracked with the baseline
 
+    make(repo, "commit-run", "MSG=promote the ten-class model")  # straight after: promote ran the gate again
+    message = sh(["git", "log", "-1", "--format=%B"], cwd=repo).stdout
+    assert message.startswith("promote the ten-class model"), message
+    assert f"Accepted: {REASON}" in message and "Set aside: different test set" in message, message
+    assert "by Ada Lovelace" in message
+
     again = make(repo, "run")  # against the 10-class baseline now
     gate = read(repo / "reports" / "gate.json")
     assert gate["verdict"] == "pass", gate
     assert read(repo / "reports" / "regression.json")["baseline_rescored"]["onnx_sha256"] == decision["onnx_sha256"]
     assert "PASS" in again.stdout + again.stderr
-    make(repo, "commit-run", "MSG=promote the ten-class model")
-    message = sh(["git", "log", "-1", "--format=%B"], cwd=repo).stdout
-    assert message.startswith("promote the ten-class model"), message
-    assert f"Accepted: {REASON}" in message and "Set aside: different test set" in message, message
-    assert "by Ada Lovelace" in message

@@ -3,6 +3,7 @@ there is no repository), and the tracked files that differ from HEAD."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -32,7 +33,12 @@ def changed_files(repo: Path, *paths: str) -> list[str]:
 
 
 def author(repo: Path = Path()) -> str:
-    """Who acts here, for a recorded decision: `git config user.name`, else the login name."""
+    """Who acts here, for a recorded decision: `git config user.name`, else the login name, else "unknown"
+    or the uid (a container's may have no passwd entry)."""
     import getpass
 
-    return git_output(repo, "config", "user.name") or getpass.getuser()
+    try:
+        login = getpass.getuser()
+    except (KeyError, OSError):
+        login = f"uid {os.getuid()}"
+    return git_output(repo, "config", "user.name") or login

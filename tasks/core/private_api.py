@@ -3,6 +3,7 @@ tests/core/test_private_api.py fails when a pinned version (constraints.txt) cha
 
 - `dvc_repo(path)`: DVC's Repo with `_wait_for_lock=True` (what `dvc --wait-for-lock` does), so a
   read of the status or a write of dvc.lock waits for a running `dvc repro` instead of failing;
+- `dvc_busy(root)`: DVC's repository lock and its rwlock file, asked as DVC asks them: is `dvc repro` at work?
 - `edit_yaml(path)`: `dvc.utils.serialize.modify_yaml`, DVC's round-trip YAML editor (comments and
   key order kept), as its Lockfile.dump writes dvc.lock;
 - `set_params(file, overrides)`: `dvc.utils.hydra.apply_overrides`, the writer behind `dvc exp run -S`;
@@ -38,6 +39,49 @@ def dvc_locked(path: Path) -> Iterator[None]:
     """Hold DVC's repository lock, which `dvc repro` holds while it writes dvc.lock (not while a stage runs)."""
     with dvc_repo(path) as repo, repo.lock:
         yield
+
+
+def dvc_busy(root: Path) -> str | None:
+    """Which DVC command is at work in the repository at `root` (`dvc repro` of make run, `dvc add`, ...), as
+    `pid N (its command)`, or None. DVC's repository lock (.dvc/tmp/lock, taken with DVC's own lock class and
+    released) is held only while DVC reads or writes its state; while a stage's command runs, DVC holds that
+    stage's deps and outs in its rwlock file instead (.dvc/tmp/rwlock, entries of live pids): both are asked."""
+    import json
+
+    import psutil
+    from dvc.config import Config
+    from dvc.lock import LockError, make_lock
+
+    tmp_dir = root / ".dvc" / "tmp"
+    if not tmp_dir.parent.is_dir():
+        return None
+    tmp_dir.mkdir(exist_ok=True)
+
+    def holder(pid: int) -> str | None:
+        try:
+            return f"pid {pid} ({' '.join(psutil.Process(pid).cmdline()[:5])})"
+        except psutil.Error:
+            return None  # gone: a stale entry
+
+    try:
+        rwlock = json.loads((tmp_dir / "rwlock").read_text() or "{}")
+    except (OSError, ValueError):
+        rwlock = {}
+    infos = [*(rwlock.get("write") or {}).values(), *(i for v in (rwlock.get("read") or {}).values() for i in v)]
+    for info in infos:
+        if isinstance(info, dict) and isinstance(info.get("pid"), int) and (who := holder(info["pid"])):
+            return who
+    hardlink = bool(Config(dvc_dir=str(tmp_dir.parent))["core"].get("hardlink_lock", False))
+    lock = make_lock(str(tmp_dir / "lock"), tmp_dir=str(tmp_dir), hardlink_lock=hardlink)
+    try:
+        lock.lock()  # DVC's own retries (about 3 s): someone's short `dvc status` passes
+    except LockError:
+        try:
+            return holder(int((tmp_dir / "lock").read_text().split()[0])) or "another DVC process"
+        except (OSError, ValueError, IndexError):
+            return "another DVC process"
+    lock.unlock()
+    return None
 
 
 @contextlib.contextmanager

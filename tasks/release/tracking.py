@@ -152,7 +152,13 @@ def register_production(p: Params, onnx: Path, onnx_sha256: str, tags: Mapping[s
                 version = mlflow_client.create_model_version(
                     name, source, run_id=run_id, tags={"onnx_sha256": onnx_sha256}
                 ).version
-            for key, value in (tags or {}).items():  # the latest decision wins on a version promoted twice
+            # The latest decision replaces an earlier one's on a version promoted twice: a `decision.*` tag it does
+            # not set (a reason, after a promotion that needed none) goes.
+            stale = [k for k in mlflow_client.get_model_version(name, version).tags
+                     if k.startswith("decision.") and k not in (tags or {})]  # fmt: skip
+            for key in stale:
+                mlflow_client.delete_model_version_tag(name, version, key)
+            for key, value in (tags or {}).items():
                 mlflow_client.set_model_version_tag(name, version, key, value)
             mlflow_client.set_registered_model_alias(name, PRODUCTION_ALIAS, version)
         log.info("MLflow registry: %s version %s is now alias '%s' (run %s)", name, version, PRODUCTION_ALIAS, run_id)

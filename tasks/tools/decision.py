@@ -20,6 +20,11 @@ from tasks.core.paths import BASELINE_DECISION
 from tasks.release.gate import ACCEPTED
 
 
+def utc_now() -> str:
+    """When a person acted, as every decision record writes it (UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def decision_record(verdict: Mapping[str, Any], onnx_sha256: str, reason: str | None, root: Path = Path()) -> dict:
     """baseline/decision.json for promoting the model `onnx_sha256` over the gate's `verdict`."""
     status = verdict.get("verdict")
@@ -35,7 +40,7 @@ def decision_record(verdict: Mapping[str, Any], onnx_sha256: str, reason: str | 
         "reason": reason,
         "set_aside": set_aside,
         "by": author(root),
-        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "at": utc_now(),
     }
 
 
@@ -53,7 +58,8 @@ def registry_tags(decision: Mapping[str, Any]) -> dict[str, str]:
 
 def commit_trailer(baseline_dir: Path, root: Path = Path()) -> str:
     """The lines the commit that keeps a new decision gets: empty unless the staged baseline/decision.json.dvc
-    differs from HEAD's (this commit holds a new promotion) and the decision set a verdict aside."""
+    differs from HEAD's (this commit holds a new promotion); who and when, and the reason and the verdict set
+    aside when there was one."""
     dvc_file = (baseline_dir / f"{BASELINE_DECISION}.dvc").as_posix()
     if git_output(root, "diff", "--cached", "--name-only", "--", dvc_file) != dvc_file:
         return ""

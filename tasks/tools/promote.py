@@ -5,7 +5,8 @@ split's manifest -> baseline/metrics.json, baseline/model.json (hashes, provenan
 baseline/test_set.json (each promoted test image's content sha256 and class, so that check_regression can say
 which of a later test split's images are new) and baseline/decision.json (who, when, the gate's verdict, and
 why it was set aside: tasks/tools/decision.py), each tracked by DVC (`dvc add`). Only this explicit command
-moves the baseline; commit baseline/ afterwards. A failed or incomparable gate (a regression, a `different
+moves the baseline; the gate then runs against it (`dvc repro --single-item check_regression`), so dvc.lock
+records it; commit baseline/ afterwards. A failed or incomparable gate (a regression, a `different
 test set`) needs a reason, `--accept "<why>"` (make promote ACCEPT="<why>"); a model trained with test hooks is
 refused whatever the reason.
 """
@@ -33,9 +34,10 @@ from tasks.release import tracking
 from tasks.release.gate import hooks_refusal, promote_refusal
 from tasks.release.production import BASELINE_TEST_SET, load_verified_model
 from tasks.tools.decision import decision_record, registry_tags
-from tasks.tools.record import record_refusal
+from tasks.tools.record import GATE_STAGE, record_refusal
 
 log = logging.getLogger(__name__)
+ACCEPT_ENV = "IMAGEPIPE_ACCEPT"  # how make promote hands over ACCEPT= (its quotes and `$` as typed)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def promoted_test_set(shard_dir: Path, scored_sha256: object, verdict_path: Path
     return {"test_set_sha256": digest, "class_names": names, "images": images}
 
 
-def _main(params: Params, accept: str | None = None) -> None:
+def _main(params: Params, accept: str | None = None, *, regate: bool = True) -> None:
     paths = params.paths
     load_verified_model(paths.onnx, paths.export_report)  # altered bytes are named as such, before anything else
     # before anything is written: a refused promote leaves baseline/ as it was
@@ -146,21 +148,25 @@ def _main(params: Params, accept: str | None = None) -> None:
         log.warning("accepted by %s: %r; the gate's verdict '%s' set aside (%s); recorded in %s",
                     decision["by"], accept, decision["set_aside"]["verdict"], decision["set_aside"]["summary"],
                     paths.baseline / BASELINE_DECISION)  # fmt: skip
-    log.info(
-        "baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. To keep it, after the gate has run "
-        "against it (make promote does that):\n"
-        "  make commit-run MSG='promote baseline'   # commits %s, dvc.lock, reports; `dvc push` shares the files",
-        paths.onnx,
-        result.onnx_sha256[:16],
-        result.accuracy,
-        paths.baseline,
-    )
+    log.info("baseline <- %s (sha256 %s..., test accuracy %.4f); tracked by DVC. The gate runs against it now, so "
+             "dvc.lock records it", paths.onnx, result.onnx_sha256[:16], result.accuracy)  # fmt: skip
+    if regate:
+        gate = subprocess.run([sys.executable, "-m", "dvc", "repro", "--single-item", GATE_STAGE], check=False)
+        if gate.returncode != 0:
+            raise StageError(f"the gate against the new baseline failed (`dvc repro --single-item {GATE_STAGE}`, exit "
+                             f"{gate.returncode}); {paths.baseline}/ is promoted: run make run")  # fmt: skip
+    log.info("to keep it: make commit-run MSG='promote baseline'   # commits %s, dvc.lock, reports; `dvc push` "
+             "shares the files", paths.baseline)  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tasks.tools.promote", description=__doc__.splitlines()[0])
     parser.add_argument("--accept", metavar="WHY", help="promote over a failed or incomparable gate, for this reason")
+    parser.add_argument("--accept-from-env", action="store_true",
+                        help=f"the reason from ${ACCEPT_ENV} (make promote ACCEPT=...; empty: none)")  # fmt: skip
     args = parser.parse_args()
+    if args.accept_from_env:
+        args.accept = os.environ.get(ACCEPT_ENV) or None
     accept = (args.accept or "").strip() or None
     if args.accept is not None and accept is None:
         print('[promote] error: ACCEPT is empty: say why the gate\'s verdict is set aside, make promote ACCEPT="<why>"',

@@ -7,8 +7,9 @@ the one here now, and when an export gate failed, whatever the verdict (`differe
 
 A failed gate is no partial run: check_regression wrote its verdict and exited 1, so DVC recorded no
 check_regression. When that stage alone is stale and the verdict scored this ONNX file against this baseline
-on these shards' test set, the refusal names the gate's verdict and `make promote ACCEPT="<why>"`, and
-promote with a reason passes (`accepting`): a documented command leads out of every failed gate.
+on these shards' test set, judged by the rules and gate code here now (its `judged_by`), the refusal names the
+gate's verdict and `make promote ACCEPT="<why>"`, and promote with a reason passes (`accepting`): a
+documented command leads out of every failed gate. Otherwise the gate must run again (`make run`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.io import read_json, sha256_file
+from tasks.core.params import PARAMS_FILE, ParamsError, load_params
 from tasks.core.paths import Paths
 from tasks.core.private_api import dvc_stale_stages
+from tasks.core.provenance import md5_file
 from tasks.images.image_set import split_sha256
 from tasks.images.shards import ShardError, load_manifest
 from tasks.release.gate import ACCEPT_COMMAND, failed_export_gates
@@ -42,9 +45,13 @@ def record_refusal(paths: Paths, root: Path = Path(), *, accepting: bool = False
         verdict: dict[str, Any] | None = read_json(root / verdict_path)
     except FileNotFoundError:
         verdict = None
-    own_failed_gate = (set(stale) == {GATE_STAGE} and verdict is not None and verdict.get("passed") is False
-                       and _stale_verdict(verdict, paths, root) is None)  # fmt: skip
-    if own_failed_gate and verdict is not None:
+    failed_gate = (set(stale) == {GATE_STAGE} and verdict is not None and verdict.get("passed") is False
+                   and _stale_verdict(verdict, paths, root) is None)  # fmt: skip
+    otherwise = _judged_otherwise(verdict, root) if failed_gate and verdict is not None else None
+    if otherwise:
+        return (f"{verdict_path}: the gate failed, but {otherwise}; run `dvc repro` (make run) so the gate judges "
+                "this model by the rules and code here")  # fmt: skip
+    if failed_gate and verdict is not None:
         if not accepting:
             return (f"the gate failed on this run ({verdict.get('summary', '')}), so DVC recorded no {GATE_STAGE}: "
                     f"fix the model, or make it the baseline anyway, saying why: `{ACCEPT_COMMAND}`")  # fmt: skip
@@ -63,6 +70,23 @@ def record_refusal(paths: Paths, root: Path = Path(), *, accepting: bool = False
     if failed:
         return (f"{verdict_path}: export gate failed: {'; '.join(failed)} (verdict '{verdict.get('verdict')}'); "
                 "fix the export (params.yaml export.int8) and run `dvc repro`")  # fmt: skip
+    return None
+
+
+def _judged_otherwise(verdict: Mapping[str, Any], root: Path) -> str | None:
+    """Why the verdict's rules or gate code are not the ones here now (changed since it was written), or None:
+    a failed verdict judged by other rules or code needs the gate to run again (`make run`), not a reason."""
+    judged = verdict.get("judged_by") or {}
+    try:
+        rules = load_params(root / PARAMS_FILE).regression.model_dump(mode="json")
+    except (ParamsError, OSError):
+        return "params.yaml cannot be read"
+    if judged.get("regression") != rules:
+        return "params.yaml's regression section changed since the verdict"
+    code = judged.get("code") or {}
+    changed = sorted(f for f, md5 in code.items() if not (root / f).is_file() or md5_file(root / f) != md5)
+    if not code or changed:
+        return f"the gate's code changed since the verdict ({', '.join(changed[:3]) or 'not recorded'})"
     return None
 
 

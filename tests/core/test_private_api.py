@@ -81,6 +81,28 @@ def test_dvc_repo_waits_for_the_lock_where_the_cli_gives_up(repo: Path) -> None:
     assert released and done >= released[0] and entries
 
 
+def test_dvc_busy_sees_a_dvc_repro_while_its_stage_runs(repo: Path) -> None:
+    """DVC lets go of its repository lock while a stage's command runs (a take-in checking only that lock would
+    pass in the middle of training); the stage's rwlock entries say it is at work."""
+    (repo / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: python -c \"import time; open('started', 'w'); "
+                                   "time.sleep(6); open('out.txt', 'w')\"\n    outs: [out.txt]\n")  # fmt: skip
+    assert private_api.dvc_busy(repo) is None
+    proc = subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=repo, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (repo / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the stage never started"
+            time.sleep(0.1)
+        busy = private_api.dvc_busy(repo)
+        assert busy is not None and busy.startswith(f"pid {proc.pid} (") and "repro" in busy, busy
+    finally:
+        assert proc.wait(timeout=60) == 0
+    assert private_api.dvc_busy(repo) is None  # done: nothing holds either lock
+    with private_api.dvc_locked(repo):  # the repository lock alone (DVC writing its state) counts too
+        assert private_api.dvc_busy(repo) is not None
+
+
 def test_dvc_remotes_reads_the_config(repo: Path, tmp_path: Path) -> None:
     assert private_api.dvc_remotes(repo) == ({}, None)
     dvc("remote", "add", "backup", str(tmp_path / "b"), cwd=repo)

@@ -3,6 +3,7 @@ decision they name (make promote ACCEPT="<why>")."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from tasks.core.paths import Paths
 from tasks.release.gate import commit_refusal, failed_export_gates, hooks_refusal, promote_refusal
 from tasks.release.production import baseline_sha256
 from tasks.tools.record import record_refusal
+from tests.helpers.project import ROOT
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -139,3 +141,104 @@ def test_commit_run_refuses_code_the_commit_would_not_hold(tmp_path: Path) -> No
     assert unstaged_deps(tmp_path) == [] and unstaged_refusal([]) is None
     (tmp_path / "tasks" / "train.py").unlink()  # deleted and not staged: the commit would keep it
     assert unstaged_deps(tmp_path) == ["tasks/train.py"]
+
+
+GATE_SCRIPT = """
+import json, sys
+from pathlib import Path
+from tasks.core.io import sha256_file
+from tasks.images.image_set import split_sha256
+from tasks.images.shards import load_manifest
+from tasks.release.production import baseline_sha256
+from tasks.core.params import load_params
+from tasks.core.provenance import md5_file
+judged_by = {"regression": load_params().regression.model_dump(mode="json"), "code": {"tasks/gate.py": md5_file(
+    Path("tasks/gate.py"))}}  # as check_regression records the rules and code that judged
+verdict = {"judged_by": judged_by, "verdict": "regression", "passed": False, "export_gates": [],
+           "summary": "REGRESSION: accuracy failed", "model": {"onnx_sha256": sha256_file(Path("model.onnx"))},
+           "baseline_sha256": baseline_sha256(Path("baseline")),
+           "metrics": {"test_set_sha256": split_sha256(load_manifest(Path("shards")))}}
+Path("reports").mkdir(exist_ok=True)
+Path("reports/regression.json").write_text(json.dumps(verdict))
+sys.exit(1)
+"""
+
+
+def test_a_failed_gate_of_this_run_is_named_and_only_a_reason_lets_promote_past_it(tmp_path: Path) -> None:
+    """A real `dvc repro` whose gate fails: DVC records no check_regression. The failed verdict of this very run
+    names make promote ACCEPT; accepting passes it, but not when the verdict is another model's or another test
+    set's, nor when a rule of params.yaml or the gate's code changed since (the gate must run again)."""
+    from tasks.images.shards import FORMAT_VERSION
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "gate.py").write_text(GATE_SCRIPT)
+    (tmp_path / "model.onnx").write_bytes(b"this model")
+    (tmp_path / "baseline").mkdir()
+    (tmp_path / "baseline" / "metrics.json").write_text('{"accuracy": 0.99}')
+    (tmp_path / "shards").mkdir()
+    manifest = {"format_version": FORMAT_VERSION, "files": [{"split": "test", "sha256": "a" * 64}]}
+    write_json(tmp_path / "shards" / "manifest.json", manifest)
+    shutil.copyfile(ROOT / "params.yaml", tmp_path / "params.yaml")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"check_regression": {
+        "cmd": f"PYTHONPATH={ROOT} {sys.executable} tasks/gate.py", "deps": ["model.onnx", "baseline", "shards",
+        "tasks/gate.py"], "params": ["regression"], "outs": [{"reports/regression.json": {"cache": False}}]}}}))
+    proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode != 0 and (tmp_path / "reports" / "regression.json").is_file(), proc.stderr
+    paths = Paths(onnx=Path("model.onnx"), reports=Path("reports"), baseline=Path("baseline"), shards=Path("shards"))
+
+    refusal = record_refusal(paths, tmp_path)
+    assert refusal is not None and refusal.startswith("the gate failed on this run (REGRESSION: accuracy failed)")
+    assert refusal.endswith('saying why: `make promote ACCEPT="<why>"`')
+    assert record_refusal(paths, tmp_path, accepting=True) is None
+
+    write_json(tmp_path / "shards" / "manifest.json", {**manifest, "files": [{"split": "test", "sha256": "b" * 64}]})
+    other_set = record_refusal(paths, tmp_path, accepting=True)  # the shards changed since: not this run's verdict
+    assert other_set is not None and "is not up to date by `dvc status`" in other_set
+    write_json(tmp_path / "shards" / "manifest.json", manifest)
+    (tmp_path / "model.onnx").write_bytes(b"another model")
+    assert "is not up to date" in str(record_refusal(paths, tmp_path, accepting=True))
+    (tmp_path / "model.onnx").write_bytes(b"this model")
+    assert record_refusal(paths, tmp_path, accepting=True) is None
+
+    params = (tmp_path / "params.yaml").read_text()
+    assert "  alpha: 0.05" in params
+    (tmp_path / "params.yaml").write_text(params.replace("  alpha: 0.05", "  alpha: 0.01"))  # a rule changed since
+    ruled = record_refusal(paths, tmp_path, accepting=True)
+    assert ruled is not None and "the gate failed, but params.yaml's regression section changed since" in ruled
+    (tmp_path / "params.yaml").write_text(params)
+    assert record_refusal(paths, tmp_path, accepting=True) is None
+    (tmp_path / "tasks" / "gate.py").write_text(GATE_SCRIPT + "\n# edited\n")  # the gate's code changed since
+    assert "tasks/gate.py" in str(record_refusal(paths, tmp_path, accepting=True))
+
+
+def test_a_decision_names_who_when_and_what_it_set_aside_and_the_commit_keeps_it(tmp_path: Path) -> None:
+    from tasks.tools.decision import commit_trailer, decision_record, registry_tags
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["git", "config", "user.name", "Ada Lovelace"], cwd=tmp_path, check=True)
+    verdict = {"verdict": "regression", "summary": "REGRESSION: accuracy failed", "baseline_sha256": "b" * 64,
+               "rules": [{"metric": "accuracy", "passed": False}, {"metric": "macro_f1", "passed": True}]}  # fmt: skip
+    decision = decision_record(verdict, "a" * 64, "the drop is a relabelled class", tmp_path)
+    assert decision["by"] == "Ada Lovelace" and decision["accepted"] is True and decision["gate"] == "regression"
+    assert decision["set_aside"] == {"verdict": "regression", "summary": "REGRESSION: accuracy failed",
+                                     "failed_rules": [{"metric": "accuracy", "passed": False}],
+                                     "baseline_sha256": "b" * 64}  # fmt: skip
+    assert registry_tags(decision)["decision.set_aside"] == "regression: REGRESSION: accuracy failed"
+    passed = decision_record({"verdict": "pass"}, "a" * 64, None, tmp_path)
+    assert passed["set_aside"] is None and passed["accepted"] is False
+    assert "decision.reason" not in registry_tags(passed)
+
+    baseline = tmp_path / "baseline"
+    baseline.mkdir()
+    write_json(baseline / "decision.json", decision)
+    (baseline / "decision.json.dvc").write_text("outs:\n- md5: 1\n")
+    assert commit_trailer(Path("baseline"), tmp_path) == ""  # not staged: this commit keeps no new decision
+    subprocess.run(["git", "add", "baseline/decision.json.dvc"], cwd=tmp_path, check=True)
+    trailer = commit_trailer(Path("baseline"), tmp_path)
+    assert trailer.splitlines() == [
+        f"Promoted: aaaaaaaaaaaa by Ada Lovelace at {decision['at']} (gate: regression)",
+        "Accepted: the drop is a relabelled class", "Set aside: regression: REGRESSION: accuracy failed"]  # fmt: skip
+    subprocess.run(["git", "-c", "user.email=a@b", "commit", "-qm", "kept"], cwd=tmp_path, check=True)
+    assert commit_trailer(Path("baseline"), tmp_path) == ""  # committed: the next commit keeps nothing new

@@ -136,6 +136,9 @@ def test_promote_registers_the_onnx_with_the_production_alias(tmp_path: Path, mo
     version = client.get_model_version_by_alias("imagepipe", "production")
     assert str(version.version) == "2" and version.tags["onnx_sha256"] == "sha-two"
     assert version.tags["decision.reason"] == "a tenth class joined"  # the accepted decision, on the version
+    assert tracking.register_production(params, onnx, "sha-two", {"decision.gate": "pass"}, root=root) == "2"
+    tags = client.get_model_version("imagepipe", "2").tags  # promoted again, no reason needed: the old one goes
+    assert tags["decision.gate"] == "pass" and "decision.reason" not in tags and "decision.set_aside" not in tags
     assert version.source.endswith("/model/model.onnx") and version.run_id == _runs(client.tracking_uri)[0].info.run_id
 
 
