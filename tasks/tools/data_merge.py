@@ -28,16 +28,20 @@ log = logging.getLogger(__name__)
 SHA256_NAME = re.compile(r"[0-9a-f]{64}")  # the review folder's file names: <sha256>.<ext>
 
 
-def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[str, Any] | None = None) -> MergePlan:
+def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[str, Any] | None = None,
+          from_review: bool | None = None) -> MergePlan:  # fmt: skip
     """Merge `src` into the DVC-tracked dataset `dest` (data/raw/<name>); returns what was done. `decisions`: the
-    review page's log as the merge took it in (entries, sha256), recorded with the merge so the two stay tied."""
+    review page's log as the merge took it in (entries, sha256), recorded with the merge so the two stay tied.
+    `from_review`: SRC is review images (the page's staging folder inside the review folder); None: SRC is
+    the review folder itself."""
     src, dvc_file = Path(src), dest.with_name(f"{name}.dvc")
     _check_dataset(src, name, dest, dvc_file)
     layout, pairs = folder_pairs(src, dest, what=f"INTO {name}")
     rule = split_rule(params, layout, dest)
     plan = plan_merge(src, dest, layout, pairs, rule)
     _check_dataset_is_committed(name, dest, dvc_file)
-    from_review = src.resolve() == Path(params.serve.review_dir).resolve()
+    if from_review is None:
+        from_review = src.resolve() == Path(params.serve.review_dir).resolve()
     if plan.add:
         _apply(plan, dest, dvc_file)
         with edit_yaml(dvc_file) as document:  # `dvc add` keeps a .dvc file's meta when it adds again
