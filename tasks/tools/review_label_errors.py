@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import time
 from pathlib import Path
 
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, write_json
 from tasks.core.params import Params
+from tasks.tools.decision import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def run(label_errors: Path, review_dir: Path, top: int) -> list[Path]:
         if target.exists():
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        sidecar = {**entry, "source": "label_errors", "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        sidecar = {**entry, "source": "label_errors", "saved_at": utc_now()}
         write_json(target.with_suffix(".json"), sidecar)
         shutil.copyfile(source, target)  # the image last: an image in the folder always has its sidecar
         copied.append(target)

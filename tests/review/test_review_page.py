@@ -4,19 +4,26 @@ a real git repository. Every refusal is one line and leaves every file where it 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
+from tasks.core.git import author
 from tasks.core.params import Params, load_params
+from tasks.tools.data_merge import merge as intake_merge
+from tasks.tools.review import decisions
 from tasks.tools.review.app import create_app
+from tasks.tools.review.intake import restore_stale
 from tasks.tools.review.state import Review, open_review
 from tests.helpers.project import dvc, sh
 from tests.helpers.review import candidate, log_lines, png, tracked_project, upload
@@ -133,6 +140,7 @@ def test_label_range_new_class_discard_and_undo_move_files_and_append_to_the_log
                                           "label", "discard", "undo"]  # fmt: skip
     assert [e["id"] for e in lines] == list(range(1, 13))
     assert all(e["who"] == review.log.who and e["when"].endswith("Z") for e in lines)
+    assert review.log.who == author(tmp_path)  # the name promote's decision records too
 
 
 @pytest.mark.fast
@@ -206,6 +214,72 @@ def test_images_are_served_from_the_review_folder_only(
         assert answer.status_code == 404 and answer.content != b"not yours", path
     assert client.post("/api/undo", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415
     assert TestClient(client.app, base_url="http://evil.example").get("/").status_code == 403
+
+
+@pytest.mark.fast
+def test_an_image_name_with_url_characters_is_served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = tmp_path / "data" / "review" / "sea lion #1 50%"
+    folder.mkdir(parents=True)
+    (folder / "a #?% b.png").write_bytes(png(5))
+    (folder / "a #?% b.json").write_text('{"predicted": "sea lion #1 50%", "top1_probability": 0.4}')
+    client, _ = page(tmp_path, monkeypatch)
+    (item,) = client.get("/api/items").json()["items"]
+    assert item["url"] == "/img/review/sea%20lion%20%231%2050%25/a%20%23%3F%25%20b.png"
+    assert f'src="{item["url"]}"' in client.get("/").text
+    image = client.get(item["url"])
+    assert image.status_code == 200 and image.content == png(5)
+    moved = client.post("/api/label", json={"items": [ref(item)], "to": "cat"})
+    assert moved.status_code == 200 and client.get(client.get("/api/items").json()["items"][0]["url"]).content == png(5)
+
+
+@pytest.mark.fast
+def test_a_discarded_image_uploaded_again_is_discarded_again_and_undo_brings_it_back(
+    tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, review = page(tmp_path, monkeypatch)
+    root = tmp_path / "data" / "review"
+    sha = traffic["a"]  # cat/, seed 0
+    assert client.post("/api/discard", json={"items": [{"id": sha, "folder": "cat"}]}).status_code == 200
+    first_sidecar = (root / ".discarded" / "cat" / f"{sha}.json").read_bytes()
+    again = upload(root, {"cat": 0.48, "dog": 0.43, "bird": 0.09}, seed=0, saved_at="2025-06-01T10:00:00Z")
+    assert again == sha and (root / "cat" / f"{sha}.png").is_file()
+
+    answer = client.post("/api/discard", json={"items": [{"id": sha, "folder": "cat"}]})
+
+    assert answer.status_code == 200, answer.text
+    (line,) = answer.json()["entries"]
+    assert line["what"] == "discard" and line["duplicate"] is True and line["sidecar"]["saved_at"].startswith("2025-06")
+    assert not (root / "cat" / f"{sha}.png").exists() and not (root / "cat" / f"{sha}.json").exists()
+    assert (root / ".discarded" / "cat" / f"{sha}.json").read_bytes() == first_sidecar  # the first copy, as it was
+    assert sha not in {i["id"] for i in client.get("/api/items").json()["items"]}
+    assert [e["what"] for e in log_lines(review.log.path)] == ["discard", "discard"]
+
+    assert client.post("/api/undo", json={}).status_code == 200  # the second upload back, with its own sidecar
+    assert (root / "cat" / f"{sha}.png").read_bytes() == (root / ".discarded" / "cat" / f"{sha}.png").read_bytes()
+    assert '"2025-06-01T10:00:00Z"' in (root / "cat" / f"{sha}.json").read_text()
+    assert (root / ".discarded" / "cat" / f"{sha}.json").read_bytes() == first_sidecar
+
+
+@pytest.mark.fast
+def test_what_a_killed_take_in_left_staged_goes_back_for_review(
+    tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, review = page(tmp_path, monkeypatch)
+    root = tmp_path / "data" / "review"
+    before = review_files(root)
+    dead, alive = root / ".take-in-99999999", root / f".take-in-{os.getppid()}"  # a page killed mid-merge; another
+    for staging, name in ((dead, "a"), (alive, "b")):
+        folder = next(root.glob(f"*/{traffic[name]}.png")).parent.name
+        for suffix in (".png", ".json"):
+            (staging / folder).mkdir(parents=True, exist_ok=True)
+            os.replace(root / folder / f"{traffic[name]}{suffix}", staging / folder / f"{traffic[name]}{suffix}")
+    assert len(client.get("/api/items").json()["items"]) == 3  # staged images are hidden
+
+    assert restore_stale(review) == [traffic["a"]]
+
+    assert not dead.exists() and alive.is_dir()  # a live page's take-in is its own
+    shutil.rmtree(alive)
+    assert review_files(root) == {k: v for k, v in before.items() if traffic["b"] not in k}
 
 
 @pytest.mark.fast
@@ -291,28 +365,89 @@ def test_take_in_merges_the_labelled_images_and_ties_the_log_to_the_merge(
     assert undo.status_code == 409 and "'s take-in into data/raw/pets at " in undo.json()["error"]
 
 
-def test_take_in_while_dvc_holds_its_lock_is_one_line_and_moves_nothing(
+def test_take_in_while_a_dvc_repro_runs_a_stage_is_one_line_and_moves_nothing(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dvc.lock import Lock
-
+    """DVC lets go of its repository lock while a stage's command runs (make run's training): the take-in still
+    sees it at work."""
+    slow = repo / "slow"
+    slow.mkdir()
+    (slow / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: python -c \"import time; open('started', 'w'); "
+                                   "time.sleep(8); open('out.txt', 'w')\"\n    outs: [out.txt]\n")  # fmt: skip
     review_dir = repo / "data" / "review"
     sha = upload(review_dir, {"class_0": 0.4, "class_1": 0.35, "class_2": 0.25}, seed=3)
     client, review = page(repo, monkeypatch, load_params(repo / "params.yaml"))
     client.post("/api/label", json={"items": [{"id": sha, "folder": "class_0"}], "to": "class_1"})
     before = files(repo / "data")
-    lock = Lock(str(repo / ".dvc" / "tmp" / "lock"))  # what `dvc repro` holds while it runs
-    lock.lock()
+    repro = subprocess.Popen([sys.executable, "-m", "dvc", "repro", "slow/dvc.yaml:slow"], cwd=repo,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
+        deadline = time.monotonic() + 60
+        while not (slow / "started").exists():
+            assert repro.poll() is None and time.monotonic() < deadline, "the slow stage never started"
+            time.sleep(0.1)
         answer = client.post("/api/take-in", json={})
+        assert repro.poll() is None, "the stage ended before the take-in asked"
     finally:
-        lock.unlock()
+        assert repro.wait(timeout=60) == 0
     assert answer.status_code == 409
     error = answer.json()["error"]
-    assert error.startswith(f"take-in: DVC's lock .dvc/tmp/lock is held by pid {os.getpid()} (")
-    assert error.endswith("; try again when DVC is done")
-    assert files(repo / "data") == before
-    assert client.post("/api/take-in", json={}).status_code == 200  # released: the same take-in goes through
+    assert error.startswith(f"take-in: DVC is at work (pid {repro.pid} (") and "repro" in error, error
+    assert error.endswith("`make run` or another DVC command; try again when it is done, nothing was moved")
+    assert "\n" not in error and files(repo / "data") == before
+    assert client.post("/api/take-in", json={}).status_code == 200  # done: the same take-in goes through
+
+
+def test_take_in_takes_only_the_images_checked_and_an_upload_saved_meanwhile_stays(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload the server saves between the take-in's check and its merge has no decision: it stays in the review
+    folder, is not in the dataset and is not logged as taken."""
+    review_dir, dest = repo / "data" / "review", repo / "data" / "raw" / "pets"
+    probabilities = {"class_0": 0.45, "class_1": 0.35, "class_2": 0.2}
+    shas = [upload(review_dir, probabilities, seed=s) for s in range(2)]
+    client, review = page(repo, monkeypatch, load_params(repo / "params.yaml"))
+    client.post("/api/label", json={"items": [{"id": sha, "folder": "class_0"} for sha in shas]})
+    late: list[str] = []
+
+    def upload_then_merge(*args: Any, **kwargs: Any) -> Any:  # the server's upload lands right after the check
+        late.append(upload(review_dir, probabilities, seed=7))
+        return intake_merge(*args, **kwargs)
+
+    monkeypatch.setattr("tasks.tools.review.intake.merge", upload_then_merge)
+    answer = client.post("/api/take-in", json={})
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["added"] == 2 and late
+    assert all((dest / "class_0" / f"{sha}.png").is_file() for sha in shas)
+    assert not list(dest.rglob(f"{late[0]}.*"))
+    left = sorted(p.relative_to(review_dir).as_posix() for p in review_dir.rglob("*") if p.is_file())
+    assert left == [f"class_0/{late[0]}.json", f"class_0/{late[0]}.png"]  # no staging folder left behind either
+    line = log_lines(review.log.path)[-1]
+    assert line["what"] == "take-in" and sorted(line["taken"]) == sorted(shas)
+    assert any("data/review -> data/raw/pets: 2 added" in said for said in answer.json()["said"])
+    merge = yaml.safe_load((repo / "data" / "raw" / "pets.dvc").read_text())["meta"]["merges"][-1]
+    assert merge["from_review"] is True and merge["added"] == 2
+    listed = client.get("/api/items").json()["items"]
+    assert [(i["id"], i["decided"]) for i in listed] == [(late[0], None)]  # still to review
+
+
+def test_a_take_in_the_merge_refuses_puts_every_image_back(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    review_dir, dest = repo / "data" / "review", repo / "data" / "raw" / "pets"
+    shas = [upload(review_dir, {"class_0": 0.45, "class_1": 0.35, "class_2": 0.2}, seed=s) for s in range(3)]
+    client, review = page(repo, monkeypatch, load_params(repo / "params.yaml"))
+    client.post("/api/label", json={"items": [{"id": sha, "folder": "class_0"} for sha in shas], "to": "class_2"})
+    (dest / "class_1" / "class_1_000.jpg").write_bytes(b"edited by hand")  # the merge refuses a changed dataset
+    before, dvc_before = review_files(review_dir), (repo / "data" / "raw" / "pets.dvc").read_bytes()
+    log_before = review.log.path.read_bytes()
+
+    answer = client.post("/api/take-in", json={})
+
+    assert answer.status_code == 409 and "data/raw/pets differs from data/raw/pets.dvc" in answer.json()["error"]
+    assert review_files(review_dir) == before  # each image and sidecar back in its class folder, no staging left
+    assert (repo / "data" / "raw" / "pets.dvc").read_bytes() == dvc_before
+    assert not [p for sha in shas for p in dest.rglob(f"{sha}.*")]
+    assert review.log.path.read_bytes() == log_before
 
 
 def test_fix_in_place_moves_the_datasets_file_to_its_class_and_undo_puts_it_back(
@@ -357,6 +492,60 @@ def test_fix_in_place_moves_the_datasets_file_to_its_class_and_undo_puts_it_back
     assert [e["what"] for e in log_lines(review.log.path)] == ["fix-in-place", "undo"]
 
 
+class FullDisk:
+    """The os module as the decision log sees it on a full disk: opening the log to append fails."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def open(*_: Any, **__: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_fix_in_place_and_its_undo_change_nothing_when_the_log_cannot_be_read_or_written(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    review_dir, dest = repo / "data" / "review", repo / "data" / "raw" / "pets"
+    wrong, fixed = dest / "class_0" / "class_0_002.jpg", dest / "class_1" / "class_0_002.jpg"
+    dvc_file = repo / "data" / "raw" / "pets.dvc"
+    sha = candidate(review_dir, wrong, repo, given="class_0", suggested="class_1")
+    client, review = page(repo, monkeypatch, load_params(repo / "params.yaml"))
+    item = client.get("/api/items").json()["items"][0]
+    copy = review_dir / "class_1" / item["name"]
+    unfixed = (dvc_file.read_bytes(), files(review_dir))
+
+    def unchanged(expected: tuple[bytes, dict[str, bytes]], where: Path) -> None:
+        assert (dvc_file.read_bytes(), files(review_dir)) == expected and where.is_file()
+        assert dvc("status", "--json", "data/raw/pets.dvc", cwd=repo).stdout.strip() in ("", "{}")
+
+    review.log.path.write_text("{not json\n")  # a bad merge of the log, say
+    corrupt = client.post("/api/fix", json={"items": [ref(item)]})
+    assert corrupt.status_code == 409 and corrupt.json()["error"] == (
+        "decision log data/raw/pets.decisions.jsonl line 1 is not JSON; restore it from git")  # fmt: skip
+    unchanged(unfixed, wrong)
+    review.log.path.unlink()
+    with monkeypatch.context() as disk:
+        disk.setattr(decisions, "os", FullDisk())
+        with pytest.raises(OSError, match="No space left"):
+            client.post("/api/fix", json={"items": [ref(item)]})
+    unchanged(unfixed, wrong)  # the move and `dvc add` rolled back
+    assert not fixed.exists() and copy.is_file() and not review.log.path.exists()
+
+    assert client.post("/api/fix", json={"items": [ref(item)]}).status_code == 200
+    done = (dvc_file.read_bytes(), files(review_dir))
+    log_done = review.log.path.read_bytes()
+    with monkeypatch.context() as disk:
+        disk.setattr(decisions, "os", FullDisk())
+        with pytest.raises(OSError, match="No space left"):
+            client.post("/api/undo", json={})
+    unchanged(done, fixed)  # still fixed: the file, the .dvc file, no copy back for review
+    assert not wrong.exists() and not copy.exists() and review.log.path.read_bytes() == log_done
+    assert client.post("/api/undo", json={}).status_code == 200
+    unchanged(unfixed, wrong)
+    assert [e["what"] for e in log_lines(review.log.path)] == ["fix-in-place", "undo"] and sha
+
+
 def test_make_review_refuses_a_bad_into_in_one_line(repo: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "tasks.tools.review", "--into", "nope"], cwd=repo,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -385,5 +574,7 @@ def test_accept_runs_promote_accept_and_shows_its_exit_status(repo: Path, monkey
     assert step["command"] == "python -m tasks.tools.promote --accept a class joined: the old baseline cannot score it"
     assert step["status"] == 2 and "[promote] error:" in step["output"] and answer.json()["ok"] is False
     assert [(e["what"], e.get("ok")) for e in log_lines(review.log.path)] == [("label", None), ("accept", False)]
+    html = client.get("/").text  # one command: promote runs the gate itself
+    assert 'python -m tasks.tools.promote --accept "&lt;reason&gt;"' in html and "check_regression" not in html
     assert client.post("/api/undo", json={}).json()["entries"][0]["undid"] == "label"
     assert (repo / "data" / "review" / "class_0" / f"{sha}.png").is_file()

@@ -1,6 +1,6 @@
-"""Accepting the gate's decision from the page: `python -m tasks.tools.promote --accept "<reason>"`, then
-`python -m dvc repro --single-item check_regression` (what `make promote ACCEPT=...` runs), as subprocesses of
-this venv; their output and exit statuses go to the page, and an accept line to the decision log.
+"""Accepting the gate's decision from the page: `python -m tasks.tools.promote --accept "<reason>"` (what
+`make promote ACCEPT=...` runs; promote runs the gate against the new baseline itself), as a subprocess of this
+venv; its output and exit status go to the page, and an accept line to the decision log.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from tasks.tools.review.dvc_lock import check_unlocked
 from tasks.tools.review.refusals import BadInput
 from tasks.tools.review.state import Review
 
-TIMEOUT_S = 3600  # the gate scores both models on the test split
+TIMEOUT_S = 3600  # promote's gate scores both models on the test split
 
 
 def _run(review: Review, args: list[str]) -> dict[str, Any]:
@@ -28,15 +28,14 @@ def _run(review: Review, args: list[str]) -> dict[str, Any]:
 
 
 def accept(review: Review, reason: str) -> dict[str, Any]:
-    """promote --accept, then the gate again if promote succeeded; every step's command, status and output."""
+    """promote --accept (one step: its command, status and output)."""
     reason = reason.strip()
     if not reason:
         raise BadInput("accept: the reason is empty; say why")
     with review.lock:
         check_unlocked(review.root, "accept")
+        review.log.entries()  # a log that cannot be read is refused before promote changes baseline/
         steps = [_run(review, ["-m", "tasks.tools.promote", "--accept", reason])]
-        if steps[0]["status"] == 0:
-            steps.append(_run(review, ["-m", "dvc", "repro", "--single-item", "check_regression"]))
         ok = all(step["status"] == 0 for step in steps)
         review.log.append([{"what": "accept", "reason": reason, "ok": ok,
                             "statuses": {s["command"]: s["status"] for s in steps}}])  # fmt: skip

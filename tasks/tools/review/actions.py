@@ -3,6 +3,7 @@
 label: into <review_dir>/<class>/ (the take-in merges class folders); discard: into <review_dir>/.discarded/<class>/
 (hidden: no merge takes it, nothing is deleted); undo: the newest decision that stands, moved back, logged as an
 undo line (the log is append-only). Each request names where the page saw each image: moved since, it is a 409.
+The log is read before anything moves, and a failed log write puts the images back.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from tasks.tools.review.decisions import last_batch
 from tasks.tools.review.fix import undo_fix
 from tasks.tools.review.items import resolve
-from tasks.tools.review.moves import Move, move_all
+from tasks.tools.review.moves import Move, is_duplicate, move_all, remove_duplicate, restore_duplicate
 from tasks.tools.review.names import check_class_name
 from tasks.tools.review.refusals import BadInput, Refusal
 from tasks.tools.review.state import DISCARDED, Review
@@ -25,16 +26,28 @@ def _unique(refs: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def _apply(review: Review, what: str, moves: list[tuple[Any, str]]) -> list[dict[str, Any]]:
-    """Move each (item, to folder); log one line each; a failed log write puts the images back."""
-    planned = [Move(review.review_dir / item.folder / item.name, review.review_dir / to / item.name)
-               for item, to in moves]  # fmt: skip
+    """Move each (item, to folder), or remove it where its bytes are there already (filed before: the decision
+    stands); log one line each; a failed log write puts the moved images back."""
+    planned, duplicates, lines = [], [], []
+    for item, to in moves:
+        move = Move(review.review_dir / item.folder / item.name, review.review_dir / to / item.name)
+        line = {"what": what, "sha256": item.id, "from": item.folder, "to": to}
+        if is_duplicate(move):  # its sidecar kept in the log, for an undo to put it back
+            duplicates.append(move)
+            line |= {"duplicate": True, "sidecar": item.sidecar if move.sidecars[0].is_file() else None}
+        else:
+            planned.append(move)
+        lines.append(line)
+    pending = review.log.plan(lines)
     move_all(planned)
     try:
-        return review.log.append([{"what": what, "sha256": item.id, "from": item.folder, "to": to}
-                                  for item, to in moves])  # fmt: skip
+        written = review.log.write(pending)
     except BaseException:
-        move_all([Move(m.target, m.image) for m in planned])
+        move_all([Move(m.target, m.image) for m in reversed(planned)])
         raise
+    for move in duplicates:
+        remove_duplicate(move.image)
+    return written
 
 
 def label(review: Review, refs: list[tuple[str, str]], to: str | None = None) -> list[dict[str, Any]]:
@@ -81,10 +94,24 @@ def undo(review: Review) -> list[dict[str, Any]]:
             raise Refusal(f"undo: the newest decision ({first['who']}'s accept of the gate at {first['when']}) is "
                           "undone in git, not here")  # fmt: skip
         if first["what"] == "fix-in-place":
-            return review.log.append(undo_fix(review, batch))
+            return undo_fix(review, batch)
         items = resolve(review, [(e["sha256"], e["to"]) for e in batch])
-        moves = [Move(review.review_dir / e["to"] / item.name, review.review_dir / e["from"] / item.name)
-                 for e, item in zip(batch, items, strict=True)]  # fmt: skip
-        move_all(moves)
-        return review.log.append([{"what": "undo", "undoes": e["batch"], "undid": e["what"], "sha256": e["sha256"],
-                                   "from": e["to"], "to": e["from"]} for e in batch])  # fmt: skip
+        pending = review.log.plan([{"what": "undo", "undoes": e["batch"], "undid": e["what"], "sha256": e["sha256"],
+                                    "from": e["to"], "to": e["from"]} for e in batch])  # fmt: skip
+        moves, restores = [], []
+        for e, item in zip(batch, items, strict=True):
+            back = (review.review_dir / e["to"] / item.name, review.review_dir / e["from"] / item.name)
+            (restores if e.get("duplicate") else moves).append((*back, e.get("sidecar")))
+        planned = [Move(kept, image) for kept, image, _ in moves]
+        move_all(planned)
+        restored = []
+        try:
+            for kept, image, sidecar in restores:
+                restore_duplicate(kept, image, sidecar)
+                restored.append(image)
+            return review.log.write(pending)
+        except BaseException:
+            for image in restored:
+                remove_duplicate(image)
+            move_all([Move(m.target, m.image) for m in reversed(planned)])
+            raise

@@ -7,35 +7,18 @@ more (undoes, reason, sidecar, ...). The take-in records the log's length and sh
 
 from __future__ import annotations
 
-import getpass
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.core.git import git_output
+from tasks.tools.decision import utc_now
 from tasks.tools.review.refusals import Refusal
 
 UNDOABLE = ("label", "discard", "fix-in-place")
-
-
-def who_decides(root: Path) -> str:
-    """`git config user.name`, else the OS user: the name the log gives every decision made from this page."""
-    name = git_output(root, "config", "user.name")
-    if name:
-        return name
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry for this uid (some containers)
-        return f"uid {os.getuid()}"
-
-
-def utc_now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 @dataclass
@@ -56,17 +39,27 @@ class DecisionLog:
                 raise Refusal(f"decision log {self.path} line {number} is not JSON; restore it from git") from None
         return found
 
-    def append(self, lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Write `lines` as one batch (ids, batch, when and who added) in a single append; returns them."""
+    def plan(self, lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`lines` as the next batch (ids, batch, when and who added), not written yet: the log is read (and a
+        corrupt one refused) before a decision moves anything."""
         lines = list(lines)
         if not lines:
             return []
         first = max((e["id"] for e in self.entries()), default=0) + 1
         when = utc_now()
-        written = [{"id": first + i, "batch": first, "what": line["what"], "sha256": line.get("sha256"),
-                    "from": line.get("from"), "to": line.get("to"), "when": when, "who": self.who,
-                    **{k: v for k, v in line.items() if k not in ("what", "sha256", "from", "to")}}
-                   for i, line in enumerate(lines)]  # fmt: skip
+        return [{"id": first + i, "batch": first, "what": line["what"], "sha256": line.get("sha256"),
+                 "from": line.get("from"), "to": line.get("to"), "when": when, "who": self.who,
+                 **{k: v for k, v in line.items() if k not in ("what", "sha256", "from", "to")}}
+                for i, line in enumerate(lines)]  # fmt: skip
+
+    def append(self, lines: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write `lines` as one batch in a single append; returns them as written."""
+        return self.write(self.plan(lines))
+
+    def write(self, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Append a planned batch (DecisionLog.plan) in one write; returns it."""
+        if not written:
+            return []
         data = "".join(json.dumps(e, sort_keys=False) + "\n" for e in written).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -2,8 +2,9 @@
 filed the candidate under, inside the DVC-tracked data/raw/<name> (the same split folder, below the wrappers, as
 tasks/images/layout.py reads them), then `dvc add data/raw/<name>`; its copy leaves the review folder.
 
-Refused, before anything moves, when the file is not in a tracked dataset, the dataset differs from its .dvc file
-or DVC's lock is held. A failed move or `dvc add` puts every file and the .dvc file back. Undo reverses it.
+Refused, before anything moves, when the file is not in a tracked dataset, the dataset differs from its .dvc file,
+DVC is at work or the decision log cannot be read. A failed move, `dvc add` or log write puts every file and the
+.dvc file back. Undo reverses it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tasks.core.errors import StageError
 from tasks.images.layout import read_layout
@@ -23,19 +25,18 @@ from tasks.tools.review.dvc_lock import check_unlocked
 from tasks.tools.review.items import Item, resolve
 from tasks.tools.review.names import check_class_name
 from tasks.tools.review.refusals import BadInput, Gone, Refusal
-from tasks.tools.review.state import Dataset, Review
+from tasks.tools.review.state import Dataset, Review, dataset_holding
+
+T = TypeVar("T")
 
 
 def dataset_of(review: Review, file: Path) -> Dataset:
     """The DVC-tracked data/raw/<name> that holds `file`, or one line on how to make its folder one."""
-    raw, resolved = RAW.resolve(), file.resolve()
-    if raw in resolved.parents and len(resolved.relative_to(raw).parts) > 1:
-        name = resolved.relative_to(raw).parts[0]
-        dvc_file = RAW / f"{name}.dvc"
-        if dvc_file.is_file():
-            return Dataset(name, RAW / name, dvc_file)
+    dataset = dataset_holding(file)
+    if dataset is not None and dataset.dest.resolve() != file.resolve():
+        return dataset
     source = Path(review.params.data.source)
-    folder = source if source.resolve() in resolved.parents else file.parent.parent
+    folder = source if source.resolve() in file.resolve().parents else file.parent.parent
     raise Refusal(f"fix-in-place: {file} is not in a DVC-tracked dataset under {RAW}/; make one: `make add-data "
                   f"SRC={folder} NAME=shapes`, `make run`, `make review-label-errors`")  # fmt: skip
 
@@ -69,8 +70,9 @@ def _ready(review: Review, dataset: Dataset, action: str) -> None:
         raise Refusal(f"{action}: {message}") from None
 
 
-def move_in_dataset(dataset: Dataset, pairs: list[tuple[Path, Path]]) -> None:
-    """Each (old, new) renamed, then `dvc add`; any failure puts the files, new folders and .dvc file back."""
+def move_in_dataset(dataset: Dataset, pairs: list[tuple[Path, Path]], then: Callable[[], T]) -> T:
+    """Each (old, new) renamed, `dvc add`, then `then()` (the log write); any failure, `then`'s too, puts the files,
+    new folders and .dvc file back."""
     before = dataset.dvc_file.read_bytes()
     moved: list[tuple[Path, Path]] = []
     made: list[Path] = []
@@ -82,9 +84,12 @@ def move_in_dataset(dataset: Dataset, pairs: list[tuple[Path, Path]]) -> None:
                     made.append(folder)
             os.replace(old, new)
             moved.append((old, new))
-        proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(dataset.dest)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise Refusal(f"dvc add {dataset.dest} failed, nothing was moved:\n{proc.stdout}{proc.stderr}".rstrip())
+        if moved:
+            proc = subprocess.run([sys.executable, "-m", "dvc", "add", str(dataset.dest)], capture_output=True,
+                                  text=True)  # fmt: skip
+            if proc.returncode != 0:
+                raise Refusal(f"dvc add {dataset.dest} failed, nothing was moved:\n{proc.stdout}{proc.stderr}".rstrip())
+        return then()
     except BaseException:
         for old, new in reversed(moved):
             os.replace(new, old)
@@ -117,17 +122,16 @@ def fix_in_place(review: Review, refs: list[tuple[str, str]]) -> dict[str, Any]:
                            f"({', '.join(sorted(datasets))}); fix one dataset's at a time")  # fmt: skip
         (dataset,) = datasets.values()
         _ready(review, dataset, "fix-in-place")
+        pending = review.log.plan([{"what": "fix-in-place", "sha256": item.id, "from": file.as_posix(),
+                                    "to": new.as_posix(), "dataset": dataset.dvc_file.as_posix(),
+                                    "review_copy": f"{item.folder}/{item.name}", "sidecar": item.sidecar}
+                                   for item, file, new in plans])  # fmt: skip
         pairs = [(file, new) for _, file, new in plans if new != file]
-        if pairs:
-            move_in_dataset(dataset, pairs)
+        written = move_in_dataset(dataset, pairs, lambda: review.log.write(pending))
         for item, _, _ in plans:  # the image first: an image never lacks its sidecar
             copy = review.review_dir / item.folder / item.name
             copy.unlink(missing_ok=True)
             copy.with_suffix(".json").unlink(missing_ok=True)
-        lines = [{"what": "fix-in-place", "sha256": item.id, "from": file.as_posix(), "to": new.as_posix(),
-                  "dataset": dataset.dvc_file.as_posix(), "review_copy": f"{item.folder}/{item.name}",
-                  "sidecar": item.sidecar} for item, file, new in plans]  # fmt: skip
-        written = review.log.append(lines)
         return {
             "entries": written,
             "moved": len(pairs),
@@ -137,7 +141,8 @@ def fix_in_place(review: Review, refs: list[tuple[str, str]]) -> dict[str, Any]:
 
 
 def undo_fix(review: Review, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The dataset files back where they were (`dvc add` again), the copies and sidecars back in the review folder."""
+    """The dataset files back where they were (`dvc add` again), the copies and sidecars back in the review folder,
+    the undo lines written; returns them."""
     dataset = dataset_of(review, Path(batch[0]["from"]))
     pairs = []
     for entry in batch:
@@ -151,15 +156,27 @@ def undo_fix(review: Review, batch: list[dict[str, Any]]) -> list[dict[str, Any]
         if old != new:
             pairs.append((new, old))
     _ready(review, dataset, "undo")
-    if pairs:
-        move_in_dataset(dataset, pairs)
-    for entry in batch:  # the sidecar first, as the server writes them
-        copy = review.review_dir / entry["review_copy"]
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.with_suffix(".json").write_text(json.dumps(entry["sidecar"], indent=2))
-        copy.write_bytes(Path(entry["from"]).read_bytes())
-    return [{"what": "undo", "undoes": e["batch"], "undid": "fix-in-place", "sha256": e["sha256"], "from": e["to"],
-             "to": e["from"], "review_copy": e["review_copy"]} for e in batch]  # fmt: skip
+    pending = review.log.plan([{"what": "undo", "undoes": e["batch"], "undid": "fix-in-place", "sha256": e["sha256"],
+                                "from": e["to"], "to": e["from"], "review_copy": e["review_copy"]}
+                               for e in batch])  # fmt: skip
+
+    def copies_back_then_log() -> list[dict[str, Any]]:
+        restored: list[Path] = []
+        try:
+            for entry in batch:  # the sidecar first, as the server writes them
+                copy = review.review_dir / entry["review_copy"]
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                restored.append(copy)
+                copy.with_suffix(".json").write_text(json.dumps(entry["sidecar"], indent=2))
+                copy.write_bytes(Path(entry["from"]).read_bytes())
+            return review.log.write(pending)
+        except BaseException:
+            for copy in restored:
+                copy.unlink(missing_ok=True)
+                copy.with_suffix(".json").unlink(missing_ok=True)
+            raise
+
+    return move_in_dataset(dataset, pairs, copies_back_then_log)
 
 
 def keep_command(review: Review, dataset: Dataset, what: str) -> str:

@@ -2,16 +2,20 @@
 (os.replace within one filesystem), so that an image is never without its sidecar and a batch is all or nothing.
 
 The sidecar goes first (linked into the new folder, as the server writes it before the image), then the image
-(os.replace), then the old sidecar name is removed. A failure part-way puts every moved file back.
+(os.replace), then the old sidecar name is removed. A failure part-way puts every moved file back. The same
+bytes already at the target (an image uploaded again after its decision) are a duplicate: removed, not moved.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from tasks.core.io import sha256_file
 from tasks.tools.review.refusals import Gone, Refusal
 
 
@@ -67,4 +71,33 @@ def move_all(moves: list[Move]) -> None:
     except BaseException:
         for move in reversed(done):
             move_one(Move(move.target, move.image))
+        raise
+
+
+def is_duplicate(move: Move) -> bool:
+    """The image's bytes are at the target already: the decision was made before (its name is its sha256)."""
+    return move.image != move.target and move.target.is_file() and move.image.is_file() and \
+        sha256_file(move.image) == sha256_file(move.target)  # fmt: skip
+
+
+def remove_duplicate(image: Path) -> None:
+    """The image, then its sidecar: an image never lacks its sidecar."""
+    image.unlink(missing_ok=True)
+    image.with_suffix(".json").unlink(missing_ok=True)
+
+
+def restore_duplicate(kept: Path, image: Path, sidecar: dict[str, Any] | None) -> None:
+    """A removed duplicate back at `image`: its sidecar as logged, then a copy of the bytes kept at `kept`."""
+    if os.path.lexists(image) or os.path.lexists(image.with_suffix(".json")):
+        raise Refusal(f"undo: {image} exists again; nothing was moved")
+    image.parent.mkdir(parents=True, exist_ok=True)
+    if sidecar is not None:
+        image.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
+    tmp = image.with_name(f".{image.name}.tmp-{os.getpid()}")
+    try:  # a copy renamed in: a reader never sees half an image
+        shutil.copy2(kept, tmp)
+        os.replace(tmp, image)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        image.with_suffix(".json").unlink(missing_ok=True)
         raise

@@ -11,10 +11,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.core.git import author
 from tasks.core.params import Params
 from tasks.tools.add_data import NAME_RULE, RAW
 from tasks.tools.data_merge import _check_dataset
-from tasks.tools.review.decisions import DecisionLog, who_decides
+from tasks.tools.review.decisions import DecisionLog
 from tasks.tools.review.refusals import BadInput, Refusal
 
 DISCARDED = ".discarded"  # hidden: tasks/images/layout.py and the merge ignore it; nothing in it is deleted
@@ -46,6 +47,18 @@ class Review:
         return self.dataset
 
 
+def dataset_holding(path: Path, raw_dir: Path = RAW) -> Dataset | None:
+    """The DVC-tracked data/raw/<name> that is or holds `path` (a dataset folder, a file of it), or None."""
+    raw, resolved = raw_dir.resolve(), path.resolve()
+    if raw not in resolved.parents:
+        return None
+    name = resolved.relative_to(raw).parts[0]
+    dest = raw_dir / name
+    if not dest.is_dir() or not dest.with_name(f"{name}.dvc").is_file():
+        return None
+    return Dataset(name, dest, dest.with_name(f"{name}.dvc"))
+
+
 def find_dataset(params: Params, into: str | None, review_dir: Path, raw_dir: Path = RAW) -> Dataset | None:
     """INTO's dataset (checked as add-data INTO= checks it), else the data/raw/<name> data.source is in, else None."""
     if into is not None:
@@ -55,14 +68,7 @@ def find_dataset(params: Params, into: str | None, review_dir: Path, raw_dir: Pa
         dest = raw_dir / into
         _check_dataset(review_dir, into, dest, dest.with_name(f"{into}.dvc"))
         return Dataset(into, dest, dest.with_name(f"{into}.dvc"))
-    source, raw = Path(params.data.source).resolve(), raw_dir.resolve()
-    if raw not in source.parents:
-        return None
-    name = source.relative_to(raw).parts[0]
-    dest = raw_dir / name
-    if not dest.is_dir() or not dest.with_name(f"{name}.dvc").is_file():
-        return None
-    return Dataset(name, dest, dest.with_name(f"{name}.dvc"))
+    return dataset_holding(Path(params.data.source), raw_dir)
 
 
 def open_review(params: Params, into: str | None, root: Path | None = None) -> Review:
@@ -70,4 +76,4 @@ def open_review(params: Params, into: str | None, root: Path | None = None) -> R
     review_dir = Path(params.serve.review_dir)
     dataset = find_dataset(params, into, review_dir)
     log_path = dataset.dest.with_name(f"{dataset.name}.decisions.jsonl") if dataset else review_dir / ".decisions.jsonl"
-    return Review(root, review_dir, params, dataset, DecisionLog(log_path, who_decides(root)))
+    return Review(root, review_dir, params, dataset, DecisionLog(log_path, author(root)))

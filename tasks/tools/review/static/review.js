@@ -191,7 +191,7 @@
   async function accept(event) {
     event.preventDefault();
     const box = document.getElementById("accept-result");
-    box.replaceChildren(el("p", "running promote --accept, then the gate ..."));
+    box.replaceChildren(el("p", "running promote --accept (it runs the gate again) ..."));
     try {
       const result = await post("/api/accept", { reason: document.getElementById("accept-reason").value });
       box.replaceChildren();
