@@ -71,7 +71,9 @@ def test_a_new_class_labelled_on_the_page_is_taken_in_accepted_and_served(tmp_pa
             browser = p.chromium.launch(executable_path=CHROMIUM)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.on("request", lambda request: requests.append(request.url))
+            assert "/?token=" in page_url  # the URL make review printed: its token becomes the page's cookie
             page.goto(page_url)
+            assert page.url == page_url.split("?")[0]
             cards = page.locator(".card")
             expect(cards).to_have_count(SENT)  # the page lists every input, each with the model's guess
             assert all(t.startswith("guess class_") for t in page.locator(".card .guess").all_inner_texts())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,27 +94,28 @@ def set_review_port(repo: Path, port: int) -> None:
 
 @contextmanager
 def review_page(repo: Path, *args: str) -> Iterator[tuple[str, Path]]:
-    """`make review ARGS` in `repo` on a free port (written into its params.yaml), once GET / answers: its URL
-    and the file its output goes to."""
+    """`make review ARGS` in `repo` on a free port (written into its params.yaml), once its URL is printed and
+    answers: that URL (with the token every request needs) and the file its output goes to."""
     port = free_port()
     set_review_port(repo, port)
     output = repo.parent / "make-review.log"
     with output.open("w") as sink:
         proc = subprocess.Popen(make_command("review", *args), cwd=repo, env=env_with_venv(), stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}/"
+    printed = re.compile(rf"the review page: (http://127\.0\.0\.1:{port}/\?token=[\w-]+) \(Ctrl-C stops it\)")
     try:
         deadline = time.monotonic() + 60
         while True:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
+            found = printed.search(output.read_text())
+            try:  # the token URL answers with its cookie and a redirect to the page
+                if found and httpx.get(found.group(1), timeout=2).status_code == 303:
                     break
             except httpx.TransportError:
                 pass
             assert proc.poll() is None, f"make review exited: {output.read_text()}"
-            assert time.monotonic() < deadline, "the review page did not answer within 60 s"
+            assert time.monotonic() < deadline, f"the review page did not answer within 60 s: {output.read_text()}"
             time.sleep(0.2)
-        yield url, output
+        yield found.group(1), output
     finally:
         os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: make and the page it started
         try:

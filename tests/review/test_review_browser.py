@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 
 from tests.helpers.project import dvc, make_project
@@ -36,8 +37,13 @@ def test_label_by_keyboard_a_shift_click_range_and_undo(tmp_path: Path) -> None:
     expect = sync_api.expect
     requests: list[str] = []
     with review_page(repo) as (url, output), sync_api.sync_playwright() as p:
-        assert f"the review page: {url} (Ctrl-C stops it)" in output.read_text()
+        assert f"the review page: {url} (Ctrl-C stops it)" in output.read_text() and "/?token=" in url
+        clean = url.split("?")[0]
+        assert httpx.get(clean).status_code == 403  # without the token: nothing, not even the page
         page = open_page(p, url, requests)
+        assert page.url == clean  # the token became a cookie the page's script cannot read
+        (cookie,) = page.context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and page.evaluate("document.cookie") == ""
         cards = page.locator(".card")
         assert cards.count() == 6
         loaded = page.eval_on_selector_all("#grid img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")

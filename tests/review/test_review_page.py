@@ -33,10 +33,15 @@ CLASSES = ("cat", "dog", "bird")
 
 def page(root: Path, monkeypatch: pytest.MonkeyPatch, params: Params | None = None,
          into: str | None = None) -> tuple[TestClient, Review]:  # fmt: skip
-    """The page as `make review` builds it, run from `root` (the project's folder)."""
+    """The page as `make review` builds it, run from `root` (the project's folder), opened as a person opens it:
+    through the URL with the token, whose cookie the client keeps."""
     monkeypatch.chdir(root)
     review = open_review(params or Params(), into, root)
-    return TestClient(create_app(review), base_url="http://127.0.0.1"), review
+    client = TestClient(create_app(review), base_url="http://127.0.0.1")
+    entry = client.get(f"/?token={client.app.state.token}", follow_redirects=False)
+    assert entry.status_code == 303 and entry.headers["location"] == "/", entry.text
+    assert client.cookies.get("imagepipe_review_80") == client.app.state.token
+    return client, review
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -230,6 +235,39 @@ def test_an_image_name_with_url_characters_is_served(tmp_path: Path, monkeypatch
     assert image.status_code == 200 and image.content == png(5)
     moved = client.post("/api/label", json={"items": [ref(item)], "to": "cat"})
     assert moved.status_code == 200 and client.get(client.get("/api/items").json()["items"][0]["url"]).content == png(5)
+
+
+@pytest.mark.fast
+def test_without_the_token_every_request_is_refused_and_its_url_sets_a_strict_cookie(
+    tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    app = create_app(open_review(Params(), None, tmp_path))
+    stranger = TestClient(app, base_url="http://127.0.0.1")  # another local user's curl: no cookie, no token
+    root = tmp_path / "data" / "review"
+    before = review_files(root)
+    sha = traffic["a"]
+    for method, path in [("GET", "/"), ("GET", "/api/items"), ("GET", "/static/review.js"),
+                         ("GET", f"/img/review/cat/{sha}.png"), ("GET", "/?token=wrong"), ("POST", "/api/undo"),
+                         ("POST", "/api/accept"), ("POST", "/api/take-in"), ("POST", "/api/fix"),
+                         ("POST", "/api/label?token=wrong")]:  # fmt: skip
+        answer = stranger.request(method, path, json={"items": [{"id": sha, "folder": "cat"}], "reason": "why"})
+        assert answer.status_code == 403, (method, path)
+        assert answer.json()["error"] == ("no access: open the URL `make review` printed "
+                                          "(http://127.0.0.1:80/?token=...)")  # fmt: skip
+    assert review_files(root) == before and not (root / ".decisions.jsonl").exists()
+    assert create_app(open_review(Params(), None, tmp_path)).state.token != app.state.token  # new at each start
+
+    entry = stranger.get(f"/?sort=newest&token={app.state.token}", follow_redirects=False)
+    assert entry.status_code == 303 and entry.headers["location"] == "/?sort=newest"
+    cookie = entry.headers["set-cookie"]
+    assert cookie.startswith(f"imagepipe_review_80={app.state.token};") and "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie and "Path=/" in cookie
+    assert stranger.get("/api/items").status_code == 200  # the cookie from now on
+    scripted = TestClient(app, base_url="http://127.0.0.1")  # or the token on each request
+    assert scripted.get(f"/api/items?token={app.state.token}").status_code == 200
+    labelled = scripted.post(f"/api/label?token={app.state.token}", json={"items": [{"id": sha, "folder": "cat"}]})
+    assert labelled.status_code == 200 and (root / "cat" / f"{sha}.png").is_file()
 
 
 @pytest.mark.fast

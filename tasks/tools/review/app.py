@@ -2,17 +2,19 @@
 
 GET / renders the images (sorted, filtered by the model's guess); GET /img/... serves images from the review
 folder and the dataset only; POST /api/... decides (label, discard, undo, classes, fix, take-in, accept) and
-answers JSON, a refusal as {"error": "<one line>"} with its status (400, 404, 409, 410).
+answers JSON, a refusal as {"error": "<one line>"} with its status (400, 403, 404, 409, 410). Every request needs
+the token made at start (Jupyter's way): `/?token=...` sets it as a cookie, then redirects to the clean URL.
 """
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,21 +70,42 @@ def _served(base: Path | None, rel: str, what: str) -> FileResponse:
     raise NotFound(f"{rel}: not an image of {what}")
 
 
-def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> FastAPI:
+def _cookie(request: Request) -> str:
+    """One cookie per port: two review pages of one machine keep their own (cookies ignore the port)."""
+    return f"imagepipe_review_{request.url.port or 80}"
+
+
+def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
+               token: str | None = None) -> FastAPI:  # fmt: skip
+    """The page; `token`: what every request must carry (None: a new random one), as app.state.token."""
     app = FastAPI(title="imagepipe review", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.token = token or secrets.token_urlsafe(32)
     templates = Jinja2Templates(directory=HERE / "templates")
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
 
     @app.middleware("http")
     async def same_machine_only(request: Request, call_next: Any) -> Any:
-        """Only this machine's own pages: a Host other than 127.0.0.1 (DNS rebinding) or a POST that is not
-        JSON (a cross-site form, which no browser preflights) is refused."""
+        """Only this machine's own pages, for whoever has the token: a Host other than 127.0.0.1 (DNS rebinding), a
+        POST that is not JSON (a cross-site form, which no browser preflights) or a request without the token
+        (another local user's curl; the cookie is SameSite=Strict, so no other site's page sends it) is refused."""
         if request.url.hostname not in allowed_hosts:
             return JSONResponse({"error": f"host {request.url.hostname!r}: the review page answers on 127.0.0.1 "
                                           "only"}, status_code=403)  # fmt: skip
         json_body = request.headers.get("content-type", "").startswith("application/json")
         if request.method == "POST" and not json_body:
             return JSONResponse({"error": "POST bodies are JSON (Content-Type: application/json)"}, status_code=415)
+        given = request.query_params.get("token")
+        if given is not None and secrets.compare_digest(given.encode(), app.state.token.encode()):
+            if request.method == "GET" and request.url.path == "/":  # the URL printed at start: the cookie, once
+                clean = request.url.remove_query_params("token")
+                answer = RedirectResponse(f"/?{clean.query}" if clean.query else "/", status_code=303)
+                answer.set_cookie(_cookie(request), app.state.token, httponly=True, samesite="strict")
+                return answer
+            return await call_next(request)
+        cookie = request.cookies.get(_cookie(request), "")
+        if not secrets.compare_digest(cookie.encode(), app.state.token.encode()):
+            return JSONResponse({"error": "no access: open the URL `make review` printed (http://127.0.0.1:"
+                                          f"{request.url.port or 80}/?token=...)"}, status_code=403)  # fmt: skip
         return await call_next(request)
 
     @app.exception_handler(StageError)
