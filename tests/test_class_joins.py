@@ -76,7 +76,7 @@ def test_a_class_joins_and_a_recorded_decision_promotes_it(tmp_path: Path) -> No
     make(repo, "commit-run", "MSG=promote the ten-class model")  # straight after: promote ran the gate again
     message = sh(["git", "log", "-1", "--format=%B"], cwd=repo).stdout
     assert message.startswith("promote the ten-class model"), message
-    assert f"Accepted: {REASON}" in message and "Set aside: different test set" in message, message
+    assert f"Accepted: {REASON}" in message and "Set aside: different test set: the baseline was" in message, message
     assert "by Ada Lovelace" in message
 
     again = make(repo, "run")  # against the 10-class baseline now

@@ -52,7 +52,7 @@ def registry_tags(decision: Mapping[str, Any]) -> dict[str, str]:
     if decision.get("reason"):
         tags["decision.reason"] = str(decision["reason"])[:5000]
     if set_aside:
-        tags["decision.set_aside"] = f"{set_aside.get('verdict')}: {set_aside.get('summary', '')}"[:5000]
+        tags["decision.set_aside"] = _set_aside(set_aside)[:5000]
     return tags
 
 
@@ -71,5 +71,11 @@ def commit_trailer(baseline_dir: Path, root: Path = Path()) -> str:
              f"(gate: {decision.get('gate')})"]  # fmt: skip
     if decision.get("set_aside"):
         lines.append(f"Accepted: {decision.get('reason')}")
-        lines.append(f"Set aside: {decision['set_aside'].get('verdict')}: {decision['set_aside'].get('summary')}")
+        lines.append(f"Set aside: {_set_aside(decision['set_aside'])}")
     return "\n".join(lines)
+
+
+def _set_aside(set_aside: Mapping[str, Any]) -> str:
+    """`<verdict>: <summary>`, the verdict named once (a `different test set` summary starts with it)."""
+    verdict, summary = str(set_aside.get("verdict")), str(set_aside.get("summary", ""))
+    return summary if summary.startswith(verdict) else f"{verdict}: {summary}"
