@@ -52,7 +52,9 @@ WRITES_NO_OUTPUT = (
     "mlflow",
     "mlflow-skinny",
     "mlflow-tracing",
-)  # dvc*: the ledger's hashes of what a stage wrote (tasks/core/provenance.py); mlflow: the experiment table
+    "psutil",
+)  # dvc*: the ledger's hashes of what a stage wrote (tasks/core/provenance.py); mlflow: the experiment table;
+# psutil: which process holds DVC's locks (private_api.dvc_busy, for the review page)
 
 # /proc/cpuinfo flags that make torch (ATen, oneDNN) or onnxruntime pick other kernels: x86's `flags`, then
 # aarch64's `Features` (NEON dot product, half precision, SVE, bf16 and int8 matrix instructions).
