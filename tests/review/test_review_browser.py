@@ -69,12 +69,17 @@ def test_label_by_keyboard_a_shift_click_range_and_undo(tmp_path: Path) -> None:
         assert all((review / "dog" / f"{sha}.png").is_file() for sha in shas[2:5])
 
         page.keyboard.press("u")
-        expect(page.locator("#message")).to_have_text("undone: label of 3 image(s), back in bird")
+        expect(page.locator("#message")).to_have_text("undone: label of 3 image(s), back in bird, cat, dog")
         for sha, guess in zip(shas[2:5], guesses[2:5], strict=True):
             assert (review / guess / f"{sha}.png").is_file() and (review / guess / f"{sha}.json").is_file()
         assert (review / "bird" / f"{shas[1]}.png").is_file()  # the earlier decision stands
         whats = [(e["what"], e["sha256"]) for e in log_lines(review / ".decisions.jsonl")]
         assert whats == [("label", shas[1]), *[("label", s) for s in shas[2:5]], *[("undo", s) for s in shas[2:5]]]
+
+        page.locator("#take-in-button").focus()  # Tab's stop: Enter is the button's, not "accept the guess"
+        page.keyboard.press("Enter")
+        expect(page.locator("#message")).to_contain_text("take-in: this page has no DVC-tracked dataset")
+        assert len(log_lines(review / ".decisions.jsonl")) == len(whats)  # no image was filed by that Enter
         page.context.browser.close()
     assert requests and all(urlparse(u).hostname == "127.0.0.1" for u in requests), requests
     assert any(u.endswith("/static/review.js") for u in requests) and any("/img/review/" in u for u in requests)

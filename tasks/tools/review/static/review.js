@@ -135,7 +135,8 @@
     try {
       const answer = await post("/api/undo", {});
       const first = answer.entries[0];
-      reloadWith({ text: `undone: ${first.undid} of ${answer.entries.length} image(s), back in ${first.to}`, ok: true });
+      const back = [...new Set(answer.entries.map((e) => e.to))].join(", ");  // a range can come from several
+      reloadWith({ text: `undone: ${first.undid} of ${answer.entries.length} image(s), back in ${back}`, ok: true });
     } catch (err) {
       say(err.message, false);
     }
@@ -241,6 +242,8 @@
       if (event.key === "Escape") event.target.blur();
       return;
     }
+    // Enter or Space on a focused button or link is that control's (Tab to "Take in", Enter): not the guess
+    if ((event.key === "Enter" || event.key === " ") && event.target.closest("button, a")) return;
     const moves = { ArrowRight: 1, ArrowLeft: -1, ArrowDown: columns(), ArrowUp: -columns() };
     if (event.key in moves) {
       event.preventDefault();
