@@ -186,7 +186,8 @@ TOP ?= 30
 review-label-errors: setup
 	$(BIN)/python -m tasks.tools.review_label_errors --top $(TOP)
 
-# The review page on 127.0.0.1:<serve.review_port> (params.yaml), offline: label the review folder by keyboard,
+# The review page on 127.0.0.1:<serve.review_port> (params.yaml), offline; open the URL it prints (its token keeps
+# other local users out): label the review folder by keyboard,
 # discard, undo, fix label-error candidates inside the dataset, take the labelled images in (the add-data merge into
 # INTO=, default the data/raw/<name> that data.source is in) and accept the gate's decision. Every decision goes to
 # data/raw/<name>.decisions.jsonl (append-only; without a tracked dataset <review_dir>/.decisions.jsonl).
