@@ -162,8 +162,10 @@ def run(
             "scored": {"key": candidate.key},  # the inputs the metrics were scored from (score_cache.scoring_key)
             # the rules and the code that judged: a failed verdict is this workspace's only while both are as here
             # (tasks/tools/record.py), since DVC records no check_regression for it
-            "judged_by": {"regression": params.model_dump(mode="json"),
-                          "code": stage_code("check_regression", project_root())},
+            "judged_by": {
+                "regression": params.model_dump(mode="json"),
+                "code": stage_code("check_regression", project_root()),
+            },
         },
     )
     write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,

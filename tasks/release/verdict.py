@@ -242,7 +242,7 @@ def mismatch(metrics: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
     return (
         f"different test set: the baseline was scored on {describe_test_set(baseline)}; this run on "
         f"{describe_test_set(metrics)}. The rules compare models on the same test images: to gate models of this "
-        "data, promote one of them, saying why (`make promote ACCEPT=\"<why>\"`); to compare with the baseline, "
+        'data, promote one of them, saying why (`make promote ACCEPT="<why>"`); to compare with the baseline, '
         "train on its data"
     )
 

@@ -130,8 +130,9 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
             shutil.copytree(
                 src,
                 dest / name,  # models/pretrained: its README only (no weights are tracked in the checkout)
-                ignore=shutil.ignore_patterns("__pycache__", "metrics.json", "model.json", "test_set.json",
-                                              "decision.json", "*.onnx", "*.dvc"),  # fmt: skip
+                ignore=shutil.ignore_patterns(
+                    "__pycache__", "metrics.json", "model.json", "test_set.json", "decision.json", "*.onnx", "*.dvc"
+                ),  # fmt: skip
             )
         else:
             shutil.copy2(src, dest / name)

@@ -181,9 +181,20 @@ def test_a_failed_gate_of_this_run_is_named_and_only_a_reason_lets_promote_past_
     manifest = {"format_version": FORMAT_VERSION, "files": [{"split": "test", "sha256": "a" * 64}]}
     write_json(tmp_path / "shards" / "manifest.json", manifest)
     shutil.copyfile(ROOT / "params.yaml", tmp_path / "params.yaml")
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"check_regression": {
-        "cmd": f"PYTHONPATH={ROOT} {sys.executable} tasks/gate.py", "deps": ["model.onnx", "baseline", "shards",
-        "tasks/gate.py"], "params": ["regression"], "outs": [{"reports/regression.json": {"cache": False}}]}}}))
+    (tmp_path / "dvc.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "stages": {
+                    "check_regression": {
+                        "cmd": f"PYTHONPATH={ROOT} {sys.executable} tasks/gate.py",
+                        "deps": ["model.onnx", "baseline", "shards", "tasks/gate.py"],
+                        "params": ["regression"],
+                        "outs": [{"reports/regression.json": {"cache": False}}],
+                    }
+                }
+            }
+        )
+    )
     proc = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode != 0 and (tmp_path / "reports" / "regression.json").is_file(), proc.stderr
     paths = Paths(onnx=Path("model.onnx"), reports=Path("reports"), baseline=Path("baseline"), shards=Path("shards"))
