@@ -176,6 +176,21 @@ class RecipeParams(Section):
     small_data_images: int = Field(2000, ge=0, description="a train split below this many images is small")
     small_min_steps: int = Field(1000, ge=1, description="small data: epochs auto trains at least this many steps")
     ema_span: float = Field(0.1, gt=0, le=1, description="ema_decay auto = 1 - 1 / (this x the run's steps)")
+    # A long-tailed train split (largest / smallest class at least `imbalance_ratio`) gets `imbalance_remedy`
+    # under train.imbalance auto: the candidate bench/bench_long_tail.py measured best against an SVM on HOG
+    # features with balanced class weights.
+    imbalance_ratio: float = Field(4.0, ge=1, description="imbalance auto: this largest/smallest ratio is long-tailed")
+    imbalance_remedy: Literal["class_balanced", "logit_adjust", "balanced_sampler"] = Field(
+        "logit_adjust", description="imbalance auto: the remedy a long-tailed split gets"
+    )
+    cb_beta: float = Field(
+        0.999, gt=0, lt=1, description="class_balanced: weights 1 / effective number (1 - beta^n) / (1 - beta)"
+    )
+    # Small data where the mirror check cannot tell (tasks/training/mirror.py): a short paired training probe on
+    # the validation split decides augment.hflip auto.
+    flip_probe_steps: int = Field(
+        300, ge=0, description="hflip auto, small data, mirror check undecided: steps per probe arm (0: no probe)"
+    )
 
     @model_validator(mode="after")
     def _batches(self) -> RecipeParams:
@@ -211,6 +226,17 @@ class TrainParams(Section):
         True, description="also decay BatchNorm weights and all biases (false: only conv and linear weights)"
     )
     label_smoothing: float = Field(0.0, ge=0, lt=1)
+    imbalance: Literal["auto", "none", "class_balanced", "logit_adjust", "balanced_sampler"] = Field(
+        "auto",
+        description="long-tailed train split: class_balanced loss weights (Cui et al. 2019), logit adjustment by "
+        "the class prior (Menon et al. 2021) or a class-balanced sampler; auto: recipe.imbalance_remedy when the "
+        "largest/smallest class ratio reaches recipe.imbalance_ratio, else none",
+    )
+    calibrate: bool = Field(
+        True,
+        description="fit one temperature on the validation split by NLL, kept when it lowers it; export folds it "
+        "into the ONNX, so served probabilities are calibrated",
+    )
     clip_grad_norm: float = Field(0.0, ge=0, description="max global norm of the unscaled gradients; 0 = off")
     ema: bool = Field(
         False, description="validate and keep an exponential moving average of the weights (torch's AveragedModel)"
@@ -365,6 +391,9 @@ class RegressionParams(Section):
         lt=1,
         description="the paired test's level: a rule fails only when its worsening is beyond tolerance and its "
         "one-sided p-value (McNemar's exact test, or a paired bootstrap) is below alpha",
+    )
+    unjudged: Literal["warn", "fail"] = Field(
+        "warn", description="a rule whose test images are too few to judge: warn (the verdict says so) or fail"
     )
     batch_size: int = Field(256, ge=1, description="images per onnxruntime call when scoring the test split")
     drift_servers: tuple[str, ...] = Field(
