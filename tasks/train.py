@@ -185,6 +185,7 @@ def _setup(
     runner = StepRunner(
         model=wrapped, ddp=ddp, optimizer=optimizer, schedule=schedule, precision=precision,
         params=params, spec=spec, device=device, world=world, telemetry=telemetry, hooks=hooks,
+        class_counts=start.class_counts,
     )  # fmt: skip
     log.info("run %s: %s, %s (%s) on %s, %d process(es), global batch %d = %d x %d accumulation x %d",
              identity.name, params.arch, precision.name, precision.memory_format, device, world.size,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,9 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
-    """accuracy, loss, macro precision/recall/F1 and per-class figures (rows of the matrix: true class)."""
+    """accuracy, loss, balanced accuracy, macro precision/recall/F1 and per-class figures (rows of the matrix:
+    true class). Balanced accuracy is the mean recall over the classes the labels hold: on a long tail, plain
+    accuracy is mostly the large classes'."""
     labels = np.asarray(labels, dtype=np.int64)
     predicted = logits.argmax(axis=1)
     matrix = confusion_matrix(labels, predicted, len(class_names))
@@ -38,6 +40,7 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, class_names: 
     return {
         "accuracy": r(true_pos.sum() / max(len(labels), 1)),
         "loss": r(cross_entropy(logits, labels)),
+        "balanced_accuracy": r(recall[support > 0].mean()) if (support > 0).any() else 0.0,
         "macro_precision": r(precision.mean()),
         "macro_recall": r(recall.mean()),
         "macro_f1": r(f1.mean()),
@@ -47,3 +50,12 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, class_names: 
             for i, name in enumerate(class_names)
         },
     }
+
+
+def worst_class(metrics: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(name, recall) of the class with the lowest recall among those with test images, None if there are none."""
+    judged = [(v["recall"], name) for name, v in metrics.get("per_class", {}).items() if v["support"] > 0]
+    if not judged:
+        return None
+    recall, name = min(judged)
+    return name, recall

@@ -12,6 +12,7 @@ from typing import Any
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
+from tasks.core.metrics import worst_class
 from tasks.core.params import Params
 from tasks.images.shards import QUARANTINE
 from tasks.images.validation import unversioned_source
@@ -31,6 +32,16 @@ def describe_machine(environment: Mapping[str, Any]) -> str:
     amx = "with AMX" if "amx_tile" in flags else "without AMX"
     return (f"{environment.get('arch', '-')}, {bf16} {amx}: {environment.get('precision', '-')}, "
             f"{environment.get('memory_format', '-')}, {environment.get('threads', '-')} threads")  # fmt: skip
+
+
+def _worst_class_line(metrics: Mapping[str, Any]) -> str:
+    """`  worst class   glyph_8: recall 0.5333 (balanced accuracy 0.8033)`; nothing for a record without classes."""
+    worst = worst_class(metrics)
+    if worst is None:
+        return ""
+    balanced = metrics.get("balanced_accuracy")
+    both = "" if balanced is None else f" (balanced accuracy {balanced:.4f})"
+    return f"  worst class   {worst[0]}: recall {worst[1]:.4f}{both}\n"
 
 
 def render(params: Params, *, metrics: Mapping[str, Any], export: Mapping[str, Any], verdict: Mapping[str, Any],
@@ -64,6 +75,7 @@ def render(params: Params, *, metrics: Mapping[str, Any], export: Mapping[str, A
         f"  environment   {environment_line}\n"
         f"  test accuracy {metrics['accuracy']:.4f}  (macro F1 {metrics['macro_f1']:.4f}, "
         f"{metrics['num_samples']} test images)\n"
+        f"{_worst_class_line(metrics)}"
         f"  ONNX parity   agreement {export['agreement']:.4f}, max |logit diff| {export['max_abs_diff']:.2e}\n"
         f"  INT8          {int8}\n"
         f"  latency       {latency}\n"

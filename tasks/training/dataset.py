@@ -22,7 +22,8 @@ class ShardDataset(torch.utils.data.Dataset):
     Augmentation draws from a generator seeded by (seed, epoch, index), so a sample's crop and flip
     are the same whatever the number of workers, the sampler (DistributedSampler included) or the
     batch it lands in. DataLoader fetches whole batches through `__getitems__`: one gather from
-    the memory map and one batched augmentation per batch.
+    the memory map and one batched augmentation per batch. An index past the split is a balanced sampler's
+    repeat of image index % len (tasks/training/loader.py): read that image, seeded by the index as given.
     """
 
     def __init__(self, shard_dir: Path, split: str, *, augment: Any = None, seed: int = 0) -> None:
@@ -49,11 +50,17 @@ class ShardDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def class_counts(self) -> list[int]:
+        """Images per class of this split, in class order (train.imbalance weighs by them)."""
+        return np.bincount(self.labels.astype(np.int64), minlength=len(self.class_names)).tolist()
+
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
-        images = torch.from_numpy(self.data.take(indices))
+        rows = np.asarray(indices, dtype=np.int64) % len(self.labels)
+        images = torch.from_numpy(self.data.take(rows))
         if self.augment is not None:
             images = self.augment.batch(images, [(self.seed, self.epoch, int(i)) for i in indices])
-        return list(zip(images.unbind(0), self.labels[np.asarray(indices, dtype=np.int64)].tolist(), strict=True))
+        return list(zip(images.unbind(0), self.labels[rows].tolist(), strict=True))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.__getitems__([index])[0]

@@ -23,23 +23,28 @@ A small train split from scratch (fewer than `recipe.small_data_images` images) 
 (RandAugment, label smoothing, an average of the weights, a longer schedule), only the longer schedule helped:
 `auto` trains at least `recipe.small_min_steps` steps instead of `recipe.min_steps`. The others are options
 (`augment.policy`, `label_smoothing`, `ema`), off unless set.
+
+A long-tailed train split (largest/smallest class at least `recipe.imbalance_ratio`) gets `recipe.imbalance_remedy`
+under `imbalance: auto` (tasks/training/imbalance.py; bench/bench_long_tail.py measured the candidates).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.core.params import AUTO, RecipeParams, TrainParams
 from tasks.training.feature_probe import FeatureProbe
+from tasks.training.imbalance import imbalance_ratio
 from tasks.training.mirror import MirrorCheck
 
 
 @dataclass(frozen=True)
 class Choice:
     key: str  # the train.* key
-    value: int | float | bool
+    value: int | float | bool | str
     auto: bool  # chosen by the recipe (params.yaml said auto); False: taken as written
     why: str
 
@@ -100,7 +105,9 @@ def _distance_words(far: float) -> str:
     return f"data {far:.0%} of the way from near to far"
 
 
-def _shown(value: int | float | bool) -> str:
+def _shown(value: int | float | bool | str) -> str:
+    if isinstance(value, str):
+        return value
     return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}"
 
 
@@ -115,7 +122,7 @@ def _floor_pow2(x: float) -> int:
 
 def resolve(
     params: TrainParams, train_images: int, processes: int = 1, mirror: MirrorCheck | None = None,
-    probe: FeatureProbe | None = None,
+    probe: FeatureProbe | None = None, class_counts: Sequence[int] | None = None,
 ) -> Recipe:  # fmt: skip
     """Concrete values for every `auto` of `params`, for a train split of `train_images` samples
     trained by `processes` processes; `mirror`: the check `augment.hflip: auto` is decided by; `probe`: how much
@@ -225,9 +232,30 @@ def resolve(
         decay = float(params.ema_decay)
         choices.append(Choice("ema_decay", decay, False, "set in params.yaml"))
 
+    imbalance = _imbalance(params, class_counts)
+    choices.append(imbalance)
+
     augment = params.augment.model_copy(update={"hflip": hflip})
     resolved = params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs, "warmup_epochs": warmup,
                                          "backbone_lr_scale": scale, "freeze_epochs": frozen,
-                                         "ema_decay": decay,
+                                         "ema_decay": decay, "imbalance": imbalance.value,
                                          "augment": augment})  # fmt: skip
     return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror, probe)
+
+
+def _imbalance(params: TrainParams, counts: Sequence[int] | None) -> Choice:
+    """train.imbalance: as written, or under auto the remedy for a long tail and none for a split near balance."""
+    if params.imbalance != AUTO:
+        return Choice("imbalance", params.imbalance, False, "set in params.yaml")
+    if not counts:
+        return Choice("imbalance", "none", True, "the train split's class counts are not known")
+    r, ratio = params.recipe, imbalance_ratio(counts)
+    largest, smallest = max(counts), min(counts)
+    if ratio >= r.imbalance_ratio:
+        why = (f"largest/smallest {ratio:.1f} >= recipe.imbalance_ratio {r.imbalance_ratio:g} ({largest} and "
+               f"{smallest} training images): {r.imbalance_remedy}, the remedy bench_long_tail measured "
+               "best")  # fmt: skip
+        return Choice("imbalance", r.imbalance_remedy, True, why)
+    why = (f"largest/smallest {ratio:.1f} < recipe.imbalance_ratio {r.imbalance_ratio:g} ({largest} and {smallest} "
+           "training images): near enough to balanced")  # fmt: skip
+    return Choice("imbalance", "none", True, why)

@@ -5,7 +5,8 @@ the tools that look at what it starts from (make sanity, make lr-find, make insp
 and the spec; from it come the loader and its generator, the model before step 1 (architecture,
 pretrained or init_from weights, a frozen backbone), and the optimizer with its lr schedule. The train
 stage adds what only it needs (devices, DDP, checkpoints); the tools take the same pieces, so what they
-show is what training starts from.
+show is what training starts from. The train split's class counts decide train.imbalance auto (the recipe)
+and feed its remedy: the loss (`class_counts`, for the step runner) or the balanced sampler (`loader`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.feature_probe import SAMPLE as PROBE_SAMPLE
 from tasks.training.feature_probe import feature_probe
-from tasks.training.loader import StepSampler, make_loader
+from tasks.training.loader import BalancedSampler, StepSampler, make_loader
 from tasks.training.mirror import mirror_check, sample_indices
 from tasks.training.models import build_model
 from tasks.training.optim import Schedule, build_optimizer, freeze_backbone
@@ -70,6 +71,11 @@ class Start:
     def params(self) -> TrainParams:
         return self.recipe.params
 
+    @property
+    def class_counts(self) -> list[int]:
+        """Images per class of the train split: what train.imbalance's loss remedies weigh by."""
+        return self.dataset.class_counts
+
     def loader_generator(self) -> torch.Generator:
         """A generator in the state the train stage's loader starts from (epoch 1, step 1)."""
         return torch.Generator().manual_seed(derive_seed(self.seed, "loader"))
@@ -79,8 +85,13 @@ class Start:
     ) -> tuple[StepSampler, torch.utils.data.DataLoader, torch.Generator]:
         """The train split's loader at the recipe's global batch (or `batch_size`), this rank's part."""
         generator = self.loader_generator()
+        batch = batch_size or self.params.batch_size
         try:
-            sampler = StepSampler(len(self.dataset), batch_size or self.params.batch_size, world, generator)
+            sampler = (
+                BalancedSampler(self.dataset.labels, batch, world, generator)
+                if self.params.imbalance == "balanced_sampler"
+                else StepSampler(len(self.dataset), batch, world, generator)
+            )
         except ValueError as exc:
             raise StageError(f"{self.shard_dir}: {exc}; lower train.batch_size") from None
         loader = make_loader(self.dataset, sampler, num_workers=num_workers, pin_memory=pin_memory,
@@ -133,7 +144,7 @@ def training_start(
     for name, check in (("mirror check", mirror), ("feature probe", probe)):
         if check is not None:
             log.info("%s: %.2f s on %d training images", name, check.seconds, check.images)
-    recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe)
+    recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe, class_counts=dataset.class_counts)
     if augment:
         dataset.augment = Augment(recipe.params.augment)
     return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from tasks.core.params import TrainParams
 from tasks.images.imaging import PreprocessSpec
 from tasks.training.distributed import World, all_true
 from tasks.training.hooks import Hooks
+from tasks.training.imbalance import LOSS_REMEDIES, ImbalanceLoss
 from tasks.training.models import head_name, normalize, unwrap
 from tasks.training.optim import Schedule, is_head
 from tasks.training.precision import Precision
@@ -69,13 +71,20 @@ class StepRunner:
         world: World,
         telemetry: Telemetry,
         hooks: Hooks | None = None,
+        class_counts: Sequence[int] | None = None,
     ) -> None:
+        """`class_counts`: images per class in the train split, which train.imbalance's loss remedies weigh by."""
         self.model, self.ddp, self.raw = model, ddp, unwrap(model)
         self.optimizer, self.schedule, self.precision = optimizer, schedule, precision
         self.scaler = precision.make_scaler()
         self.params, self.spec, self.device, self.world = params, spec, device, world
         self.telemetry, self.hooks = telemetry, hooks or Hooks()
-        self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=params.label_smoothing)
+        self.criterion: torch.nn.Module = (
+            ImbalanceLoss(params.imbalance, class_counts, beta=params.recipe.cb_beta,
+                          label_smoothing=params.label_smoothing)
+            if params.imbalance in LOSS_REMEDIES
+            else torch.nn.CrossEntropyLoss(label_smoothing=params.label_smoothing)
+        )  # fmt: skip
         self.trainable = [p for p in self.raw.parameters() if p.requires_grad]
         head = head_name(self.raw)
         self.backbone = [p for name, p in self.raw.named_parameters() if p.requires_grad and not is_head(name, head)]

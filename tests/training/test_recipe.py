@@ -57,7 +57,7 @@ def test_tiny_and_huge_folders() -> None:
 def test_explicit_values_are_obeyed_as_written() -> None:
     explicit = DEFAULT.model_copy(update={"batch_size": 64, "lr": 0.1, "epochs": 6, "warmup_epochs": 0.5,
                                           "backbone_lr_scale": 0.5, "freeze_epochs": 2,
-                                          "ema_decay": 0.99})  # fmt: skip
+                                          "ema_decay": 0.99, "imbalance": "none"})  # fmt: skip
     recipe = resolve(explicit, 162)
     assert (recipe.params.batch_size, recipe.params.lr, recipe.params.epochs, recipe.params.warmup_epochs) == (
         64, 0.1, 6, 0.5,
