@@ -13,6 +13,8 @@ from tasks.core.io import read_json
 from tasks.core.metrics import classification_metrics, worst_class
 from tasks.core.params import load_params
 from tasks.tools.summary import render
+from tasks.training.step import NonFiniteError
+from tests.helpers.faults import FaultHooks
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import ROOT
 from tests.helpers.training import PARAMS
@@ -73,3 +75,27 @@ def test_a_long_tail_is_trained_with_the_remedy_and_scored_by_balanced_accuracy(
     metrics = read_json(out / "metrics.json")
     recalls = [v["recall"] for v in metrics["per_class"].values() if v["support"] > 0]
     assert metrics["balanced_accuracy"] == pytest.approx(sum(recalls) / len(recalls), abs=1e-6)
+
+
+def test_the_balanced_sampler_resumes_to_the_same_weights(long_tail: Path, tmp_path: Path) -> None:
+    """A run stopped mid-epoch (a NaN under train.nonfinite abort, after the step-2 checkpoint) and rerun ends
+    with the bytes of an uninterrupted run: the balanced order is drawn again from the checkpointed generator."""
+    shards = long_tail / "shards"
+    params = PARAMS.train.model_copy(update={"imbalance": "balanced_sampler", "batch_size": 8, "epochs": 2,
+                                             "checkpoint_every_steps": 2, "nonfinite": "abort"})  # fmt: skip
+
+    def run(out: Path, hooks: FaultHooks | None = None) -> train.TrainResult:
+        return train.run(params, seed=PARAMS.seed, shard_dir=shards, model_path=out / "model.pt",
+                         history_path=out / "history.json", plot_path=out / "history.png", runs_dir=out / "runs",
+                         provenance={}, run_meta_path=out / "train_run.json", hooks=hooks)  # fmt: skip
+
+    whole = run(tmp_path / "whole")
+    assert whole.resumed_from_step == 0
+    with pytest.raises(NonFiniteError, match="step 3"):
+        run(tmp_path / "stopped", FaultHooks.parse("nan@step:3"))
+    resumed = run(tmp_path / "stopped")
+    assert resumed.resumed_from_step == 2
+    assert (tmp_path / "stopped" / "model.pt").read_bytes() == (tmp_path / "whole" / "model.pt").read_bytes()
+    coverage = read_json(tmp_path / "whole" / "train_run.json")
+    assert coverage["recipe"]["choices"]["imbalance"] == {"value": "balanced_sampler", "auto": False,
+                                                          "why": "set in params.yaml"}  # fmt: skip
