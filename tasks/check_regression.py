@@ -54,6 +54,7 @@ from tasks.release.verdict import Verdict, compare
 from tasks.release.verdict_table import format_table
 
 log = logging.getLogger(__name__)
+_LISTED = 20  # failed rows printed on a failed gate; regression.md has every row
 
 
 def export_gates(export_report: Path) -> tuple[Check, ...]:
@@ -70,6 +71,14 @@ def export_gates(export_report: Path) -> tuple[Check, ...]:
             raise StageError(f"{export_report}: onnx_int8.gates.{i} is not a gate record (got {gate!r})")
         gates.append(Check(gate["name"], float(gate["value"]), gate["op"], float(gate["limit"]), gate["param"]))
     return tuple(gates)
+
+
+def gate_record(verdict: Verdict, *, enforced: bool) -> dict[str, Any]:
+    """reports/gate.json, a DVC metric: `verdict` the one status word make commit-run and promote check; `headline`
+    the same with the rules not judged ("pass, 11 of 12 rules not judged"), MLflow's gate.verdict."""
+    return {"verdict": verdict.status, "headline": verdict.headline, "passed": verdict.passed, "enforced": enforced,
+            "not_judged": len(verdict.too_few), "rules": len(verdict.results),
+            "summary": verdict.summary()}  # fmt: skip
 
 
 def promoted_set_change(baseline_dir: Path, today: SplitScores, class_names: tuple[str, ...]) -> dict[str, Any]:
@@ -146,7 +155,7 @@ def run(
             change = promoted_set_change(baseline_dir, candidate.scores, names)
             paired = Paired(candidate.scores.labels, candidate.scores.predicted, scored.scores.predicted, names)
             verdict = compare(metrics, scored.scores.metrics, params.rules, paired=paired, alpha=params.alpha,
-                              baseline_note=rescored_note(change, baseline_dir))  # fmt: skip
+                              baseline_note=rescored_note(change, baseline_dir), unjudged=params.unjudged)  # fmt: skip
             rescored = {"onnx_sha256": scored.onnx_sha256, "metrics": scored.scores.metrics,
                         "scored": {"key": scored.key}, "test_set": change}  # fmt: skip
     verdict = verdict.with_gates(export_gates(export_report))
@@ -168,8 +177,7 @@ def run(
             },
         },
     )
-    write_json(gate_path, {"verdict": verdict.status, "passed": verdict.passed, "enforced": dvc_experiment() is None,
-                           "summary": verdict.summary()})  # fmt: skip
+    write_json(gate_path, gate_record(verdict, enforced=dvc_experiment() is None))
     table = format_table(verdict)
     header = f"`{onnx_path}` (sha256 `{candidate.onnx_sha256}`), scored on the test split, vs `{baseline_path}`"
     if rescored is not None and promoted is not None and recorded is not None:
@@ -196,10 +204,13 @@ def _main(p: Params) -> int:
         environment_record=p.paths.environment / "check_regression.json",
     )
     tracking.mirror(p)  # one MLflow run per record, pass or fail; a broken store costs a warning, never the gate
-    if verdict.passed:
-        log.info("%s", verdict.summary())
+    if verdict.passed:  # rules not judged pass, but not in silence
+        (log.warning if verdict.too_few else log.info)("%s", verdict.summary())
         return 0
-    details = "".join(f"\n  {r.describe()}" for r in verdict.failures) if not verdict.mismatch else ""
+    failures = verdict.failures if not verdict.mismatch else ()
+    details = "".join(f"\n  {r.describe()}" for r in failures[:_LISTED])
+    if len(failures) > _LISTED:
+        details += f"\n  ... and {len(failures) - _LISTED} more ({p.paths.regression_md})"
     experiment = dvc_experiment()
     if experiment:
         # An experiment explores: a failed stage would make `dvc exp run` keep nothing, metrics included.
@@ -208,7 +219,8 @@ def _main(p: Params) -> int:
                     verdict.status, p.paths.gate)  # fmt: skip
         return 0
     accept = f"\n  fix the model, or make it the baseline anyway, saying why: {ACCEPT_COMMAND}"
-    accept = "" if verdict.mismatch else accept  # a mismatch's summary names the command itself
+    # a mismatch's summary names the command itself; a verdict not judged, its own remedies
+    accept = "" if verdict.mismatch or verdict.status == "not judged" else accept
     print(f"[check_regression] {verdict.summary()}{details}{accept}", file=sys.stderr)
     return 1
 

@@ -175,7 +175,8 @@ def gather(p: Params, root: Path) -> Record:
     metrics |= export_metrics(reports["export"] or {}, _read(root / paths.export_timings) or {})
     if "passed" in gate:
         metrics["gate_passed"] = 1.0 if gate["passed"] else 0.0
-    tags = {KEY_TAG: key, "gate.verdict": str(gate.get("verdict", "none")), **lineage_tags(p, root)}
+    verdict = gate.get("headline") or gate.get("verdict", "none")  # "pass, 11 of 12 rules not judged"
+    tags = {KEY_TAG: key, "gate.verdict": str(verdict), **lineage_tags(p, root)}
     scored = (reports["regression"] or {}).get("test_set_sha256")
     if scored:  # the set the gate scored, as the verdict names it
         tags["data.test_sha256"] = str(scored)

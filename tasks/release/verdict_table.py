@@ -1,5 +1,5 @@
 """The gate's verdict as a table: an aligned text table for the log, a Markdown one for regression.md and the
-flows' artifacts, one row per checked key (with a paired test, also its images, p-value and test)."""
+flows' artifacts, one row per checked key (with a paired test, also its images, p-value (and Holm's) and test)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,13 @@ from tasks.release.verdict import RuleResult, Verdict, cell
 
 def _p_cell(p: float | None) -> str:
     return "-" if p is None else f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def _p_cells(r: RuleResult) -> str:
+    """`0.0057 (Holm 0.52)`: the rule's p, and its Holm-adjusted p when the family made it larger."""
+    if r.p_adjusted is None or r.p_value is None or r.p_adjusted == r.p_value:
+        return _p_cell(r.p_value)
+    return f"{_p_cell(r.p_value)} (Holm {_p_cell(r.p_adjusted)})"
 
 
 def _outcome(r: RuleResult) -> str:
@@ -20,7 +27,7 @@ def _outcome(r: RuleResult) -> str:
 
 def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
     """The verdict as an aligned text table (or a Markdown table), one row per checked key; with a paired test,
-    each row also gives its images (n), p-value and test."""
+    each row also gives its images (n), p-value (with Holm's adjusted one) and test."""
     outcome = "verdict: " + ("PASS" if verdict.passed else verdict.status.upper())
     if verdict.mismatch:
         sections = [verdict.mismatch]
@@ -31,15 +38,18 @@ def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
         for r in verdict.results:
             cells = (f"{r.metric} ({r.direction})", cell(r.value), cell(r.baseline),
                      "-" if r.delta is None else f"{r.delta:+.4f}", cell(r.allowed))  # fmt: skip
-            extra = ("-" if r.n is None else str(r.n), _p_cell(r.p_value), r.test or "-") if paired else ()
+            n = "-" if r.n is None else str(r.n)
+            extra = (n, _p_cells(r), r.test or "-") if paired else ()
             rows.append((*cells, *extra, _outcome(r)))
         sections = [verdict.baseline_note] if verdict.baseline_note else []
         sections.append(_table(rows, markdown))
         if paired:
+            m, few = verdict.family, len(verdict.too_few)
             sections.append(
-                f"a rule fails when it is worse than allowed and its paired test on the same images gives p < alpha "
-                f"({verdict.alpha:g}); too few images to judge: even the smallest loss beyond the tolerance, every "
-                "lost image a disagreement, could not reach p < alpha"
+                f"a rule fails when it is worse than allowed and its paired test on the same images, Holm-adjusted "
+                f"over the {m} paired rules, gives p < alpha ({verdict.alpha:g}, family-wise); {few} of "
+                f"{len(verdict.results)} rules not judged: even the smallest loss beyond the tolerance, every lost "
+                f"image a disagreement, could not reach alpha / {m} (regression.unjudged: {verdict.unjudged})"
             )
     else:
         sections = ["no baseline yet: nothing to compare against (promote one with `make promote`)"]

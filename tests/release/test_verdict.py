@@ -1,5 +1,5 @@
-"""The regression comparator on its own: directions, tolerances, missing metrics, no baseline, and the paired test
-(McNemar, bootstrap, too few images to judge) on per-image predictions."""
+"""The regression comparator on its own: directions, tolerances, missing metrics, no baseline, and the paired tests
+(McNemar, the sign-flip test, Holm's correction, rules not judged) on per-image predictions."""
 
 from __future__ import annotations
 
@@ -236,18 +236,21 @@ def test_a_real_five_point_loss_on_200_images_of_a_class_fails() -> None:
     c = by_metric(verdict)["per_class.c.recall"]
     assert (c.value, c.baseline, c.n, c.test, c.judged) == (0.825, 0.9, 200, "McNemar", True)
     assert c.p_value == pytest.approx(0.5**15, rel=1e-3) and not c.passed
-    assert "worse by 0.075, more than the 0.05 allowed (p 3.1e-05 < alpha 0.05)" in c.reason
+    assert "worse by 0.075, more than the 0.05 allowed (p 3.1e-05, Holm-adjusted over 4 rules 0.00012 < alpha " \
+           "0.05)" in c.reason  # fmt: skip
     assert not verdict.passed and verdict.status == "regression" and "per_class.c.recall" in verdict.summary()
 
 
 def test_a_loss_beyond_the_tolerance_that_chance_explains_passes_and_says_so() -> None:
-    """100 images of c: the candidate loses 9 the baseline had and wins 3 it missed: -0.06, p 0.073."""
-    labels, candidate, baseline = two_classes(90, 84, 100, c_discordant_gains=3)
+    """200 images of c: the candidate loses 20 the baseline had and wins 9 it missed: -0.055, p 0.031 alone, but
+    Holm-adjusted over the 4 paired rules (accuracy's p is the same 0.031, macro_f1's 0.025) it is 0.098."""
+    labels, candidate, baseline = two_classes(180, 169, 200, c_discordant_gains=9)
     c = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["per_class.c.recall"]
-    assert c.delta == pytest.approx(-0.06) and c.passed and c.judged
-    assert c.p_value == pytest.approx(mcnemar_p(9, 3), abs=1e-4) and "within chance (p 0.073 >= alpha 0.05)" in c.reason
-    # The same counts with a looser alpha: significant, so it fails.
-    strict = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d"), alpha=0.1))["per_class.c.recall"]
+    assert c.delta == pytest.approx(-0.055) and c.passed and c.judged
+    assert c.p_value == pytest.approx(mcnemar_p(20, 9), abs=1e-4) and c.p_adjusted == pytest.approx(0.0983, abs=1e-3)
+    assert "within chance (p 0.031, Holm-adjusted over 4 rules 0.098 >= alpha 0.05)" in c.reason
+    # The same counts with a looser alpha: significant after the correction too, so it fails.
+    strict = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d"), alpha=0.2))["per_class.c.recall"]
     assert not strict.passed
 
 
@@ -261,10 +264,13 @@ def test_equal_models_that_differ_on_a_few_images_of_a_small_class_do_not_fail()
         c.delta == pytest.approx(-0.1)
         and not compare(scored(labels, candidate, ("c", "d")), scored(labels, baseline, ("c", "d")), RULES).passed
     )
-    assert c.passed and not c.judged and c.reason == "too few images to judge (n=20)" and c.n == 20
+    assert c.passed and not c.judged and c.n == 20 and c.needs == 120
+    assert c.reason == "too few images to judge: 20, needs 120 (for p < alpha / 4 = 0.0125)"
     assert verdict.passed and verdict.status == "pass" and verdict.too_few == (c,)
-    assert verdict.summary().startswith("PASS: 3 rule(s) and 0 export gate(s) hold against the baseline (1 more: "
-                                        "too few images to judge)")  # fmt: skip
+    assert verdict.summary() == ("PASS: 3 rule(s) and 0 export gate(s) hold against the baseline; 1 of 4 rules not "
+                                 "judged, too few test images at family-wise alpha 0.05 (regression.unjudged: warn): "
+                                 "per_class.c.recall: 20 test images, needs 120")  # fmt: skip
+    assert verdict.headline == "pass, 1 of 4 rules not judged"
     # No difference at all on a small class: still too few to judge, never a PASS it cannot back.
     same = by_metric(paired_verdict(labels, baseline, baseline, ("c", "d")))["per_class.c.recall"]
     assert same.passed and not same.judged and same.p_value == 1.0
@@ -277,10 +283,11 @@ def test_a_small_class_that_loses_significantly_fails_anyway() -> None:
     assert not c.passed and c.judged and c.p_value == pytest.approx(0.5**8, rel=1e-3)
 
 
-def test_the_paired_bootstrap_judges_macro_f1_deterministically() -> None:
+def test_the_sign_flip_test_judges_macro_f1_deterministically() -> None:
     labels, candidate, baseline = two_classes(180, 165, 200)
     f1 = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["macro_f1"]
-    assert f1.test == "bootstrap" and f1.n == 500 and not f1.passed and f1.p_value == pytest.approx(1 / 2001, rel=1e-3)
+    # 15 images differ: 2^15 swaps, more than 10,000, so drawn; none as bad as the observed one: p = 1 / 10,000
+    assert f1.test == "sign-flip" and f1.n == 500 and not f1.passed and f1.p_value == pytest.approx(1 / 10_000)
     again = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["macro_f1"]
     assert again == f1  # a fixed seed: the same verdict every run
     same = by_metric(paired_verdict(labels, baseline, baseline, ("c", "d")))["macro_f1"]
@@ -307,21 +314,26 @@ def test_the_paired_table_and_json_show_n_p_and_the_baseline_note() -> None:
     verdict = compare(scored(labels, candidate, ("c", "d")), scored(labels, baseline, ("c", "d")), RULES,
                       paired=Paired(labels, candidate, baseline, ("c", "d")), baseline_note=note)  # fmt: skip
     markdown = format_table(verdict, markdown=True)
-    assert markdown.startswith(note + "\n\n| metric | value | baseline | delta | allowed | n | p | test | result |")
-    assert "| per_class.c.recall (higher) | 0.7500 | 0.8500 | -0.1000 | 0.0500 | 20 | 0.3125 | McNemar | too few " \
-           "images to judge (n=20) |" in markdown  # fmt: skip
-    assert "p < alpha (0.05)" in markdown and markdown.endswith("**verdict: PASS**")
+    header = "| metric | value | baseline | delta | allowed | n | p | test | result |"
+    assert markdown.startswith(note + "\n\n" + header)
+    assert "| per_class.c.recall (higher) | 0.7500 | 0.8500 | -0.1000 | 0.0500 | 20 | 0.3125 (Holm 1.0000) | McNemar " \
+           "| too few images to judge: 20, needs 120 (for p < alpha / 4 = 0.0125) |" in markdown  # fmt: skip
+    assert "Holm-adjusted over the 4 paired rules, gives p < alpha (0.05, family-wise); 1 of 4 rules not judged" \
+           in markdown  # fmt: skip
+    assert markdown.endswith("**verdict: PASS**")
     text = format_table(verdict)
-    assert "too few images to judge (n=20)" in text and text.endswith("verdict: PASS")
+    assert "too few images to judge: 20, needs 120" in text and text.endswith("verdict: PASS")
     data = verdict.to_json()
     assert (
         data["alpha"] == 0.05 and data["baseline_note"] == note and data["too_few_to_judge"] == ["per_class.c.recall"]
     )
+    assert data["headline"] == "pass, 1 of 4 rules not judged" and data["family"] == 4
+    assert data["not_judged"] == [{"metric": "per_class.c.recall", "n": 20, "needs": 120}]
     row = next(r for r in data["rules"] if r["metric"] == "per_class.c.recall")
     assert (row["n"], row["p_value"], row["judged"], row["test"]) == (20, 0.3125, False, "McNemar")
     assert verdict.summary().endswith("; " + note)
     again = Verdict(data["passed"], data["has_baseline"], tuple(RuleResult(**r) for r in data["rules"]), (), "",
-                    data["alpha"], data["baseline_note"])  # fmt: skip
+                    data["alpha"], data["baseline_note"], data["unjudged"], data["family"])  # fmt: skip
     assert again == verdict
 
 
