@@ -1,7 +1,8 @@
 """Stage evaluate: model.pt + shards -> metrics.json (DVC metrics), the confusion plot (JSON + PNG), and the
 error analysis: the test images with the highest loss (errors_gallery.png), precision and recall per class
 (per_class.png), and every accepted image of every split ranked out of sample (label_errors.json: the likely
-label errors, with the file each came from; training images by train_dynamics.json, tasks/core/analysis.py)."""
+label errors, with the file each came from; training images by train_dynamics.json, tasks/core/analysis.py).
+Confidence is checked too: ECE and NLL with and without model.pt's temperature, and reliability.png."""
 
 from __future__ import annotations
 
@@ -9,24 +10,29 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from tasks.core.analysis import DURING_TRAINING, HELD_OUT, highest_loss, image_losses, label_error_ranking, log_softmax
+from tasks.core.calibration_error import calibration_report, reliability
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, write_json
 from tasks.core.metrics import classification_metrics, confusion_matrix
 from tasks.core.params import EvaluateParams, Params
 from tasks.core.paths import Paths
-from tasks.core.plots import plot_confusion, plot_image_grid, plot_per_class
+from tasks.core.plots import plot_confusion, plot_image_grid, plot_per_class, plot_reliability
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import data_layout
 from tasks.images.shards import SPLITS, ShardSplit, load_manifest
 from tasks.training.models import load_model_file, predict_logits
+from tasks.training.temperature import temperature_of
 
 log = logging.getLogger(__name__)
+
+RELIABILITY_PNG = "reliability.png"  # beside metrics.json, as dvc.yaml's evaluate stage declares it
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,13 @@ def run(
     """`roots`: the folder each manifest root was read from (tasks.images.layout), so that
     label_errors.json names files a user can open; the error-analysis files go beside metrics_path."""
     names = Paths(reports=metrics_path.parent)
-    model, spec, _ = load_model_file(model_path)
+    model, spec, payload = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
     logits = predict_logits(model, test.all_images(), spec, params.batch_size)
     metrics = classification_metrics(logits, test.labels, spec.class_names)
+    temperature = temperature_of(payload)
+    metrics["calibration"] = calibration_report(logits, test.labels, temperature)
     predicted = logits.argmax(axis=1)
     class_names = spec.class_names
     write_json(metrics_path, metrics)
@@ -67,10 +75,12 @@ def run(
     )
     plot_confusion(confusion_matrix(test.labels, predicted, len(class_names)), class_names, confusion_png)
     plot_per_class(metrics["per_class"], names.per_class_png)
-    _gallery(test, logits, class_names, params.gallery_images, names.errors_gallery)
+    _gallery(test, logits / temperature, class_names, params.gallery_images, names.errors_gallery)  # as served
+    _reliability(logits, test.labels, temperature, metrics_path.parent / RELIABILITY_PNG)
     _label_errors(model, spec, shard_dir, {"test": logits}, params, roots, dynamics_path, names.label_errors)
     log.info("test accuracy %.4f, macro F1 %.4f on %d images -> %s",
              metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"], metrics_path)  # fmt: skip
+    _log_calibration(metrics["calibration"])
     return EvaluateResult(metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"])
 
 
@@ -83,6 +93,27 @@ def _gallery(test: ShardSplit, logits: np.ndarray, class_names: Sequence[str], c
         for i in worst.tolist()
     ]
     plot_image_grid(test.take(worst), captions, path, f"the {len(worst)} test images with the highest loss", columns=4)
+
+
+def _reliability(logits: np.ndarray, labels: np.ndarray, temperature: float, path: Path) -> None:
+    """The reliability diagram: accuracy against top-1 probability per bin, without and with the temperature."""
+    panels = {"uncalibrated (T = 1)": reliability(logits, labels)}
+    if temperature != 1.0:
+        panels[f"as served (T = {temperature:g})"] = reliability(logits, labels, temperature)
+    plot_reliability(panels, path)
+
+
+def _log_calibration(c: dict[str, Any]) -> None:
+    if c["ece"] is None:
+        return
+    if c["temperature"] == 1.0:
+        log.info("calibration on the test split: ECE %.4f, NLL %.4f (no temperature: model.pt has T = 1); "
+                 "%.1f%% of test images have a top-1 probability below 0.5", c["ece"], c["nll"],
+                 100 * c["share_below_half"])  # fmt: skip
+        return
+    log.info("calibration on the test split: ECE %.4f -> %.4f, NLL %.4f -> %.4f with temperature %g; "
+             "%.1f%% of test images have a top-1 probability below 0.5", c["ece_uncalibrated"], c["ece"],
+             c["nll_uncalibrated"], c["nll"], c["temperature"], 100 * c["share_below_half"])  # fmt: skip
 
 
 def _label_errors(

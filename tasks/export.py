@@ -5,7 +5,9 @@ tasks.release.inference, the serving path, with the spec read back from the file
 are built beside their final paths and moved into place only when every gate passes. Parity goes to
 export.json (byte-stable); latency goes to a timings file of its own. Each ONNX file carries its drift
 reference (tasks/release/drift_reference.py: its own predictions on the test split), and export.json a copy of the
-served file's, so the server can tell when traffic no longer looks like the test set.
+served file's, so the server can tell when traffic no longer looks like the test set. Every format outputs the
+model's logits divided by model.pt's temperature (tasks/training/temperature.py), so their softmax is calibrated,
+and is proven equal to the same division in PyTorch.
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release.calibration import Calibration
 from tasks.release.drift_reference import REFERENCE_KEY, build_reference, reference_json
 from tasks.release.inference import OnnxModel, median_latency_ms, softmax
-from tasks.release.onnx_metadata import write_metadata
+from tasks.release.onnx_metadata import TEMPERATURE_KEY, write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
 from tasks.release.quantize import calibration_sample, quantize_int8
 from tasks.training.models import load_model_file, normalize, predict_logits
 from tasks.training.serialize import INPUT_NAME, export_onnx, export_torchscript, load_torchscript, torch_threads
+from tasks.training.temperature import temperature_of, tempered
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,8 @@ def run(
     drift: DriftParams | None = None,
 ) -> ExportResult:
     model, spec, payload = load_model_file(model_path)
+    temperature = temperature_of(payload)
+    model = tempered(model, temperature)  # every format, and the PyTorch reference parity compares them to
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
     metadata = _metadata(params, spec, payload, model_path, shard_dir)
@@ -135,7 +140,8 @@ def run(
                                                                    params, threads, calibration)  # fmt: skip
         onnx.checker.check_model(str(tmp_onnx), full_check=True)
         report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images), "opset": params.opset,
-                                  "onnx_sha256": fp32.sha256, "drift_reference": reference_fp32}  # fmt: skip
+                                  "onnx_sha256": fp32.sha256, "temperature": temperature,
+                                  "drift_reference": reference_fp32}  # fmt: skip
         checks = parity_checks("onnx", report, params)
         int8_gates: list[Check] = []
         runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
@@ -150,6 +156,9 @@ def run(
                                                           images, labels, params, threads, calibration)  # fmt: skip
             if int8 is not None:
                 runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
+        if temperature != 1.0:
+            log.info("every format outputs the logits divided by temperature %g (model.pt's calibration), "
+                     "compared with the same division in PyTorch", temperature)  # fmt: skip
         log.info("gates on %d test images:", len(images))
         enforce(checks)
         for check in int8_gates:
@@ -179,6 +188,7 @@ def _metadata(
         "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
         "export_params_sha256": section_hash(params),
         "code_sha256": code_sha256(),
+        TEMPERATURE_KEY: repr(temperature_of(payload)),
         **{f"provenance.{k}": str(v) for k, v in payload.get("provenance", {}).items()},
     }
 

@@ -39,6 +39,7 @@ from tasks.training.runtime import cpu_threads, seed_everything, warn_if_cores_b
 from tasks.training.start import Built, Data, Start, training_start
 from tasks.training.step import StepRunner
 from tasks.training.telemetry import Telemetry
+from tasks.training.temperature import calibrate
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +124,9 @@ def _train(
         test_hooks = planted(hooks)
         meta = run_metadata(params, run.start.recipe, checkpointer.identity, run.precision, world, data.sampler,
                             progress, run.runner.stats, run.built, in_sync, test_hooks)  # fmt: skip
+        fit = calibrate(run.runner.kept, data.val_images, data.val_labels, spec, enabled=params.calibrate)
         write_outputs(out, module=run.runner.kept, arch=params.arch, spec=spec, progress=progress, meta=meta,
-                      provenance=model_provenance(provenance, run.built, test_hooks))  # fmt: skip
+                      provenance=model_provenance(provenance, run.built, test_hooks), calibration=fit)  # fmt: skip
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
             write_json(run.telemetry.directory / "profile.json", {**profile, "resumed_from_step": resumed_from})
         for folder in prune_runs(out.checkpoints, keep=params.keep_checkpoint_runs, current=checkpointer.identity.name):

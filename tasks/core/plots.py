@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from tasks.core.calibration_error import Reliability  # noqa: E402
 from tasks.core.io import atomic_file  # noqa: E402
 
 # No software/date metadata: the same numbers give the same PNG bytes.
@@ -103,5 +104,29 @@ def plot_lr_find(lrs: Sequence[float], losses: Sequence[float], smoothed: Sequen
            ylim=(0, max(top, min(smoothed) + 1e-3) * 1.1))  # fmt: skip
     ax.grid(alpha=0.3, which="both")
     ax.legend()
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_reliability(panels: dict[str, Reliability], path: Path) -> None:
+    """Reliability diagrams side by side (test split): per bin of top-1 probability, the accuracy against the
+    mean confidence; a perfectly calibrated model lies on the diagonal. The numbers give each bin's images."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), squeeze=False)
+    for ax, (title, bins) in zip(axes.flat, panels.items(), strict=True):
+        edges = np.linspace(0, 1, bins.bins + 1)
+        width = edges[1] - edges[0]
+        filled = bins.counts > 0
+        ax.bar(edges[:-1][filled], bins.accuracy[filled], width=width, align="edge", edgecolor="black",
+               label="accuracy")  # fmt: skip
+        gap_bottom = np.minimum(bins.accuracy, bins.confidence)[filled]
+        ax.bar(edges[:-1][filled], np.abs(bins.confidence - bins.accuracy)[filled], bottom=gap_bottom, width=width,
+               align="edge", color="tab:red", alpha=0.3, label="gap to confidence")  # fmt: skip
+        for left, acc, count in zip(edges[:-1][filled], bins.accuracy[filled], bins.counts[filled], strict=True):
+            ax.text(left + width / 2, min(acc, 0.93) + 0.02, str(int(count)), ha="center", fontsize=6)
+        ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+        ax.set(xlim=(0, 1), ylim=(0, 1.05), xlabel="top-1 probability", ylabel="accuracy",
+               title=f"{title}\nECE {bins.ece:.3f} ({bins.bins} bins)")  # fmt: skip
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     _save(fig, path)

@@ -104,6 +104,10 @@ def test_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     for cls, row in (metrics.get("per_class") or {}).items():
         if isinstance(row, dict) and isinstance(row.get("f1"), (int, float)):
             out[_metric_name(f"f1.{cls}")] = float(row["f1"])
+    calibration = metrics.get("calibration") or {}  # evaluate's ECE and NLL, with and without the temperature
+    for name in ("temperature", "ece", "ece_uncalibrated", "nll", "nll_uncalibrated"):
+        if isinstance(calibration.get(name), (int, float)):
+            out[f"test_{name}" if name != "temperature" else "temperature"] = float(calibration[name])
     return out
 
 

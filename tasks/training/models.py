@@ -42,12 +42,15 @@ def normalize(images: torch.Tensor, spec: PreprocessSpec) -> torch.Tensor:
 
 
 def save_model_file(
-    path: Path, model: torch.nn.Module, *, arch: str, spec: PreprocessSpec, provenance: dict[str, str]
-) -> None:
+    path: Path, model: torch.nn.Module, *, arch: str, spec: PreprocessSpec, provenance: dict[str, str],
+    calibration: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """`calibration`: the temperature fitted after training (tasks/training/temperature.py), when there is one."""
     payload = {
         "arch": arch,
         "spec": spec.model_dump(mode="json"),
         "provenance": provenance,
+        **({"calibration": calibration} if calibration is not None else {}),
         "state_dict": {k: v.detach().cpu().contiguous() for k, v in unwrap(model).state_dict().items()},
     }
     with atomic_file(path) as handle:

@@ -1,4 +1,4 @@
-"""The train stage's outputs once the loop is done: model.pt (weights + spec + provenance), the
+"""The train stage's outputs once the loop is done: model.pt (weights + spec + provenance + temperature), the
 per-epoch history and its plot, and reports/train_run.json, the record of what the run did.
 
 The record is deterministic (no wall-clock, no host): the same run gives the same bytes, so DVC and
@@ -26,6 +26,7 @@ from tasks.training.precision import Precision
 from tasks.training.recipe import Recipe
 from tasks.training.start import Built
 from tasks.training.step import StepStats
+from tasks.training.temperature import TemperatureFit
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,12 @@ def model_provenance(provenance: dict[str, str], model: Built, test_hooks: dict[
 
 def write_outputs(
     out: Outputs, *, module: torch.nn.Module, arch: str, spec: PreprocessSpec, provenance: dict[str, Any],
-    progress: Progress, meta: dict[str, Any],
+    progress: Progress, meta: dict[str, Any], calibration: TemperatureFit | None = None,
 ) -> None:  # fmt: skip
-    """model.pt, the history and its plot, train_run.json: the stage's outs, each written atomically."""
-    save_model_file(out.model, module, arch=arch, spec=spec, provenance=provenance)
+    """model.pt, the history and its plot, train_run.json: the stage's outs, each written atomically. Both files
+    record `calibration`, the temperature export folds into the ONNX (tasks/training/temperature.py)."""
+    fitted = calibration.to_json() if calibration is not None else None
+    save_model_file(out.model, module, arch=arch, spec=spec, provenance=provenance, calibration=fitted)
     write_json(out.history, progress.history)
     plot_history(progress.history, out.plot)
-    write_json(out.run_meta, meta)
+    write_json(out.run_meta, {**meta, "calibration": fitted} if fitted is not None else meta)
