@@ -126,14 +126,16 @@ GLYPHS = "0123456789"
 
 
 def draw_glyph_folder(
-    root: Path, per_class: int, seed: int = 0, glyphs: str = GLYPHS, max_ratio: float = 1.0, any_shade: bool = False
+    root: Path, per_class: int, seed: int = 0, glyphs: str = GLYPHS, max_ratio: float = 1.0, any_shade: bool = False,
+    any_colour: bool = False,
 ) -> Path:  # fmt: skip
     """Scanned glyphs: one character per image (the class), dark ink on paper of uneven grey, at any size from
     half the canvas to nearly all of it, slightly rotated and off-centre, with scanner noise and blur;
     28-64 px canvases, grayscale PNG or JPEG. A mirrored b is a d; a mirrored 2, 3, 4, 5, 6, 7 or 9 is no digit.
     `max_ratio` > 1: the scan is stretched to an aspect ratio of 1 to `max_ratio` (log-uniform, half wide, half
     tall), glyph and all, as images resized to a fixed box by some other tool are.
-    `any_shade`: ink and paper of any two grey levels at least 60 apart, light ink on dark paper as often as not."""
+    `any_shade`: ink and paper of any two grey levels at least 60 apart, light ink on dark paper as often as not.
+    `any_colour`: every other scan is then tinted as coloured paper and ink are (an RGB file), the grey levels kept."""
     from PIL import ImageDraw, ImageFilter, ImageFont
 
     rng = np.random.default_rng(seed)
@@ -159,6 +161,9 @@ def draw_glyph_folder(
             image = image.rotate(float(rng.uniform(-10, 10)), resample=Image.BILINEAR, fillcolor=paper)
             image = image.resize((w, h), Image.BILINEAR).filter(ImageFilter.GaussianBlur(rng.uniform(0, 0.8)))
             pixels = np.asarray(image, np.float32) + rng.normal(0, 8, size=(h, w))
+            if any_colour and i % 4 >= 2:  # tinted: grey level x a colour of about grey 1, so the grey image stays
+                tint = rng.uniform(0.6, 1.4, size=3)
+                pixels = pixels[..., None] * (tint / (tint @ (0.299, 0.587, 0.114)))
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
                 folder / f"{glyph}_{i:04d}{'.png' if i % 2 else '.jpg'}"
             )
@@ -249,4 +254,28 @@ def draw_texture_folder(root: Path, per_class: int, seed: int = 0, kinds: tuple[
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
                 folder / f"{kind}_{i:04d}{'.png' if i % 2 else '.jpg'}"
             )
+    return root
+
+
+def write_digits_folder(root: Path, seed: int = 0, indices: np.ndarray | None = None, max_side: int = 96) -> Path:
+    """Real handwritten digits (scikit-learn's bundled `load_digits`: 1,797 scans of 8x8 pixels, 16 grey levels,
+    no download) as a messy folder: dark ink on light paper, each upscaled to its own size (16 to `max_side` px,
+    aspect 4:5 to 5:4), half of them RGB on tinted paper, PNG or JPEG. `indices`: which of the 1,797 (all)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    chosen = np.arange(len(digits.target)) if indices is None else np.asarray(indices)
+    for k in chosen.tolist():
+        folder = root / f"digit_{digits.target[k]}"
+        folder.mkdir(parents=True, exist_ok=True)
+        side = int(rng.integers(16, max_side + 1))
+        w, h = side, int(round(side * rng.uniform(0.8, 1.25)))
+        grey = Image.fromarray((255 - digits.images[k] * (255 / 16)).astype(np.uint8))
+        grey = grey.resize((w, h), (Image.NEAREST, Image.BILINEAR, Image.BICUBIC)[k % 3])
+        image = grey
+        if rng.random() < 0.5:
+            paper = rng.uniform(0.75, 1.0, size=3)
+            image = Image.fromarray((np.asarray(grey, np.float32)[..., None] * paper).clip(0, 255).astype(np.uint8))
+        image.save(folder / f"{k:04d}{'.png' if rng.random() < 0.5 else '.jpg'}")
     return root
