@@ -31,14 +31,17 @@ under `imbalance: auto` (tasks/training/imbalance.py; bench/bench_long_tail.py m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.core.params import AUTO, RecipeParams, TrainParams
 from tasks.training.feature_probe import FeatureProbe
 from tasks.training.imbalance import imbalance_ratio
 from tasks.training.mirror import MirrorCheck
+
+if TYPE_CHECKING:  # flip_probe imports the loader, which imports this module
+    from tasks.training.flip_probe import FlipProbe
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Recipe:
     choices: tuple[Choice, ...]
     mirror: MirrorCheck | None = None  # the measurement behind augment.hflip auto
     probe: FeatureProbe | None = None  # from weights: how much of the new classes the start features know
+    flips: FlipProbe | None = None  # small data, the mirror check unsure: the training probe that decided hflip
 
     @property
     def total_steps(self) -> int:
@@ -87,6 +91,7 @@ class Recipe:
             "choices": {c.key: c.to_json() for c in self.choices},
             "mirror_check": self.mirror.to_json() if self.mirror else None,
             "feature_probe": self.probe.to_json() if self.probe else None,
+            "flip_probe": self.flips.to_json() if self.flips else None,
         }
 
 
@@ -122,11 +127,14 @@ def _floor_pow2(x: float) -> int:
 
 def resolve(
     params: TrainParams, train_images: int, processes: int = 1, mirror: MirrorCheck | None = None,
-    probe: FeatureProbe | None = None, class_counts: Sequence[int] | None = None,
+    probe: FeatureProbe | None = None, flip_probe: Callable[[TrainParams], FlipProbe | None] | None = None,
+    class_counts: Sequence[int] | None = None,
 ) -> Recipe:  # fmt: skip
     """Concrete values for every `auto` of `params`, for a train split of `train_images` samples
     trained by `processes` processes; `mirror`: the check `augment.hflip: auto` is decided by; `probe`: how much
-    of the new classes the start weights already know (from weights only; None: they are taken as near)."""
+    of the new classes the start weights already know (from weights only; None: they are taken as near);
+    `flip_probe`: trains the recipe given with and without flips, for small data the mirror check cannot judge;
+    `class_counts`: images per class of the train split, which `imbalance: auto` is decided by (None: not known)."""
     r, parts = params.recipe, processes * params.accumulation_steps
     choices: list[Choice] = []
     small = not params.from_weights and train_images < r.small_data_images
@@ -214,11 +222,26 @@ def resolve(
         frozen = int(params.freeze_epochs)
         choices.append(Choice("freeze_epochs", frozen, False, "set in params.yaml"))
 
+    flips = None
     if params.augment.hflip == AUTO:
         if mirror is None:
             raise ValueError("augment.hflip auto is decided by a mirror check of the training images: pass one")
-        hflip = mirror.hflip
-        choices.append(Choice("augment.hflip", hflip, True, mirror.why()))
+        hflip, why = mirror.hflip, mirror.why()
+        if not mirror.decided:  # small data: two short trainings decide; else flips stay on, the default for photos
+            steps = r.flip_probe_steps
+            if small and steps and flip_probe is not None:
+                flips = flip_probe(params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs,
+                                                             "warmup_epochs": warmup, "backbone_lr_scale": scale,
+                                                             "freeze_epochs": frozen}))  # fmt: skip
+            if flips is not None:
+                hflip, why = flips.hflip, f"{why}; {flips.why()}"
+            else:
+                unasked = ("the training probe is for small data from scratch only" if not small
+                           else "recipe.flip_probe_steps is 0" if not steps
+                           else "no validation images to probe on" if flip_probe is not None
+                           else "no probe asked")  # fmt: skip
+                why = f"{why}; flips stay on, the default for photos ({unasked})"  # fmt: skip
+        choices.append(Choice("augment.hflip", hflip, True, why))
     else:
         hflip = bool(params.augment.hflip)
         choices.append(Choice("augment.hflip", hflip, False, "set in params.yaml"))
@@ -240,7 +263,7 @@ def resolve(
                                          "backbone_lr_scale": scale, "freeze_epochs": frozen,
                                          "ema_decay": decay, "imbalance": imbalance.value,
                                          "augment": augment})  # fmt: skip
-    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror, probe)
+    return Recipe(resolved, train_images, steps_per_epoch, tuple(choices), mirror, probe, flips)
 
 
 def _imbalance(params: TrainParams, counts: Sequence[int] | None) -> Choice:

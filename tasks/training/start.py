@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.feature_probe import SAMPLE as PROBE_SAMPLE
 from tasks.training.feature_probe import feature_probe
+from tasks.training.flip_probe import flip_probe
 from tasks.training.loader import BalancedSampler, StepSampler, make_loader
 from tasks.training.mirror import mirror_check, sample_indices
 from tasks.training.models import build_model
@@ -144,7 +146,9 @@ def training_start(
     for name, check in (("mirror check", mirror), ("feature probe", probe)):
         if check is not None:
             log.info("%s: %.2f s on %d training images", name, check.seconds, check.images)
-    recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe, class_counts=dataset.class_counts)
+    flips = partial(flip_probe, shard_dir=shard_dir, spec=spec, seed=seed, distributed=world_size > 1)
+    recipe = resolve(train, len(dataset), world_size, mirror=mirror, probe=probe, class_counts=dataset.class_counts,
+                     flip_probe=flips if augment else None)  # fmt: skip
     if augment:
         dataset.augment = Augment(recipe.params.augment)
     return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir)
