@@ -170,3 +170,16 @@ def test_regression_unjudged_fail_fails_the_gate_naming_the_rules_and_the_images
     assert both.status == "regression" and both.headline == "regression, 1 of 4 rules not judged"
     assert both.summary().startswith("REGRESSION: accuracy, macro_f1, per_class.c1.recall failed against the "
                                      "baseline; 1 of 4 rules not judged")  # fmt: skip
+
+
+def test_the_sign_flip_test_takes_a_single_differing_image() -> None:
+    """One image differs (the candidate misses the last 1): its two arrangements give macro F1 deltas -d and +d,
+    so the observed one is as bad as itself alone: p 0.5 one-sided, 1.0 two-sided, never a crash (scipy's
+    permutation_test refuses fewer than two observations, and the gate called it with one)."""
+    labels, candidate, baseline, names = [0, 0, 1, 1], [0, 0, 1, 0], [0, 0, 1, 1], ("a", "b")
+    stats = PairedStats(Paired(labels, candidate, baseline, names))
+    assert stats.sign_flip_p("macro_f1", "higher") == pytest.approx(0.5)
+    assert stats.sign_flip_p("macro_f1", "lower") == pytest.approx(1.0)
+    assert stats.sign_flip_p("macro_f1", "equal") == pytest.approx(1.0)
+    f1 = by_metric(paired_verdict(labels, candidate, baseline, names))["macro_f1"]
+    assert f1.test == "sign-flip" and f1.p_value == pytest.approx(0.5)
