@@ -28,7 +28,7 @@ from tasks.images.shards import ShardSplit
 from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World, resolve_device
-from tasks.training.loader import StepSampler, make_loader
+from tasks.training.loader import make_loader, sampler_for
 from tasks.training.models import build_model, predict_logits
 from tasks.training.optim import Schedule, build_optimizer
 from tasks.training.precision import resolve_precision
@@ -91,7 +91,7 @@ def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec
                                     "warmup_epochs": warmup, "ema": False})  # fmt: skip
     dataset = ShardDataset(shard_dir, "train", seed=seed, augment=Augment(arm.augment))
     generator = torch.Generator().manual_seed(derive_seed(seed, "flip_probe_loader"))
-    sampler = StepSampler(len(dataset), arm.batch_size, World(), generator)
+    sampler = sampler_for(arm.imbalance, dataset.labels, arm.batch_size, World(), generator)
     loader = make_loader(dataset, sampler, num_workers=0, pin_memory=False, generator=generator)
     torch.manual_seed(derive_seed(seed, "flip_probe_init"))  # the same start weights in both arms
     precision = resolve_precision(arm.precision, device, arm.memory_format)
@@ -101,6 +101,7 @@ def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec
         model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, arm, steps), precision=precision,
         params=arm, spec=spec, device=device, world=World(),
         telemetry=Telemetry(Path(), enabled=False, histogram_every=0, purge_step=None),
+        class_counts=dataset.class_counts,  # train.imbalance's loss remedies weigh by them, as in the run
     )  # fmt: skip
     number, epoch = 0, 0
     while number < steps:

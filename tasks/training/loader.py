@@ -109,6 +109,14 @@ class Indexed(Dataset):
         return [(image, label, index % n) for (image, label), index in zip(items, indices, strict=True)]
 
 
+def sampler_for(imbalance: str, labels: Sequence[int], global_batch: int, world: World,
+                generator: torch.Generator) -> StepSampler:  # fmt: skip
+    """The train split's sampler for a resolved `train.imbalance`: class by class for balanced_sampler."""
+    if imbalance == "balanced_sampler":
+        return BalancedSampler(labels, global_batch, world, generator)
+    return StepSampler(len(labels), global_batch, world, generator)
+
+
 def make_loader(
     dataset: Dataset, sampler: StepSampler, *, num_workers: int, pin_memory: bool, generator: torch.Generator
 ) -> DataLoader:

@@ -222,6 +222,7 @@ def resolve(
         frozen = int(params.freeze_epochs)
         choices.append(Choice("freeze_epochs", frozen, False, "set in params.yaml"))
 
+    imbalance = _imbalance(params, class_counts)  # before the flip probe, which trains with its remedy
     flips = None
     if params.augment.hflip == AUTO:
         if mirror is None:
@@ -232,7 +233,8 @@ def resolve(
             if small and steps and flip_probe is not None:
                 flips = flip_probe(params.model_copy(update={"batch_size": batch, "lr": lr, "epochs": epochs,
                                                              "warmup_epochs": warmup, "backbone_lr_scale": scale,
-                                                             "freeze_epochs": frozen}))  # fmt: skip
+                                                             "freeze_epochs": frozen,
+                                                             "imbalance": imbalance.value}))  # fmt: skip
             if flips is not None:
                 hflip, why = flips.hflip, f"{why}; {flips.why()}"
             else:
@@ -255,7 +257,6 @@ def resolve(
         decay = float(params.ema_decay)
         choices.append(Choice("ema_decay", decay, False, "set in params.yaml"))
 
-    imbalance = _imbalance(params, class_counts)
     choices.append(imbalance)
 
     augment = params.augment.model_copy(update={"hflip": hflip})

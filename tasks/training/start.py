@@ -30,7 +30,7 @@ from tasks.training.distributed import World
 from tasks.training.feature_probe import SAMPLE as PROBE_SAMPLE
 from tasks.training.feature_probe import feature_probe
 from tasks.training.flip_probe import flip_probe
-from tasks.training.loader import BalancedSampler, StepSampler, make_loader
+from tasks.training.loader import StepSampler, make_loader, sampler_for
 from tasks.training.mirror import mirror_check, sample_indices
 from tasks.training.models import build_model
 from tasks.training.optim import Schedule, build_optimizer, freeze_backbone
@@ -89,11 +89,7 @@ class Start:
         generator = self.loader_generator()
         batch = batch_size or self.params.batch_size
         try:
-            sampler = (
-                BalancedSampler(self.dataset.labels, batch, world, generator)
-                if self.params.imbalance == "balanced_sampler"
-                else StepSampler(len(self.dataset), batch, world, generator)
-            )
+            sampler = sampler_for(self.params.imbalance, self.dataset.labels, batch, world, generator)
         except ValueError as exc:
             raise StageError(f"{self.shard_dir}: {exc}; lower train.batch_size") from None
         loader = make_loader(self.dataset, sampler, num_workers=num_workers, pin_memory=pin_memory,

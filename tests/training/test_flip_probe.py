@@ -150,3 +150,15 @@ def test_without_a_probe_a_hint_keeps_flips_on_and_says_why(tmp_path: Path) -> N
                                                                  flip_probe=probe).reasons())  # fmt: skip
     resolve(auto, 1400, mirror=check(2, 2, 0.69), flip_probe=probe)  # decided by the check: no probe
     assert not asked
+
+
+@pytest.mark.parametrize("remedy", ["class_balanced", "logit_adjust", "balanced_sampler"])
+def test_the_probe_trains_with_the_runs_imbalance_remedy(tmp_path: Path, remedy: str) -> None:
+    """The arms train as the run will, its train.imbalance remedy included: a loss remedy weighs by the split's
+    class counts and the sampler draws class by class (the probe crashed on a loss remedy: no class counts)."""
+    shards = shards_of(draw_sided_folder(tmp_path / "sided", per_class=16, seed=1), tmp_path / "shards")
+    params = TRAIN.model_copy(update={"imbalance": remedy})
+    start = training_start(params, seed=1, shard_dir=shards, pretrained_dir=tmp_path / "none")
+    probe = start.recipe.to_json()["flip_probe"]
+    assert probe is not None and probe["steps"] == 40 and start.params.imbalance == remedy
+    assert 0 <= probe["val_accuracy_with_flips"] <= 1 and probe["hflip"] == (probe["lost"] <= probe["gained"])
