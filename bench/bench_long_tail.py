@@ -19,7 +19,8 @@ that the small-data recipe's 1,000 steps are cut to `--steps` (200: one run of 1
 cores, and the bench trains 32 runs), with `seed` 0 and 1 (the train split stays; the training seed changes).
 The anchor is bench_small_data's HOG features into an RBF SVC with class_weight="balanced", C by 5-fold grid
 search on the train and val images. Printed per folder and candidate: balanced test accuracy (mean per-class
-recall) and the worst class's recall, mean ± standard deviation over the seeds.
+recall), the worst class's recall and the test ECE (15 bins, as served), mean ± standard deviation over the seeds.
+`--candidates auto --steps 1000 --set preprocess.image_size=64`: params.yaml as it ships, the issue's check.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def shown(values: list[float]) -> str:
 def bench_folder(p: Params, name: str, tmp: Path, candidates: list[str], seeds: list[int]) -> dict[str, Any]:
     source, test = FOLDERS[name](tmp / name)
     work = tmp / name / "run"
-    scores: dict[str, list[tuple[float, float, float]]] = {}
+    scores: dict[str, list[tuple[float, float, float, float]]] = {}
     counts: list[int] = []
     for candidate in candidates:
         for seed in seeds:
@@ -135,16 +136,18 @@ def bench_folder(p: Params, name: str, tmp: Path, candidates: list[str], seeds: 
                                                {"imbalance": candidate}, test)  # fmt: skip
             worst = worst_class(metrics)
             assert worst is not None
-            scores.setdefault(candidate, []).append((metrics["balanced_accuracy"], worst[1], seconds))
+            ece = metrics["calibration"]["ece"]
+            scores.setdefault(candidate, []).append((metrics["balanced_accuracy"], worst[1], ece, seconds))
             train = ShardSplit.open(work / "shards", "train")
             counts = class_counts(train.labels, len(train.class_names))
             print(f"{name} {candidate} seed {seed}: balanced {metrics['balanced_accuracy']:.3f}, worst {worst[0]} "
-                  f"{worst[1]:.3f} ({extra['run']['recipe']['summary']}; {seconds:.0f} s)", flush=True)  # fmt: skip
+                  f"{worst[1]:.3f}, ECE {ece:.3f} ({extra['run']['recipe']['summary']}; {seconds:.0f} s)",
+                  flush=True)  # fmt: skip
     anchor = balanced_svm_on_hog(work / "shards", p.seed)
     return {"scores": scores, "anchor": anchor, "counts": counts}
 
 
-def best(scores: dict[str, list[tuple[float, float, float]]]) -> str:
+def best(scores: dict[str, list[tuple[float, float, float, float]]]) -> str:
     """The candidate with the highest mean balanced accuracy over the seeds."""
     return max(scores, key=lambda c: statistics.mean(row[0] for row in scores[c]))
 
@@ -152,7 +155,8 @@ def best(scores: dict[str, list[tuple[float, float, float]]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folders", nargs="+", default=list(FOLDERS), choices=list(FOLDERS))
-    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES)
+    parser.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=[*CANDIDATES, "auto"],
+                        help="auto: params.yaml's own choice (recipe.imbalance_remedy on a long tail)")  # fmt: skip
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--steps", type=int, default=200, help="train.recipe.small_min_steps (params.yaml: 1000)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
@@ -168,14 +172,14 @@ def main() -> None:
     print(f"preprocess.image_size 32, {args.steps} steps, seeds {args.seeds}, overrides: "
           f"{' '.join(args.set) or 'none'}; {time.perf_counter() - started:.0f} s in all")  # fmt: skip
     print(f"{'folder':9} {'train counts':>14} {'candidate':16} {'balanced acc':>14} {'worst recall':>14} "
-          f"{'vs SVM':>7} {'train s':>7}")  # fmt: skip
+          f"{'vs SVM':>7} {'test ECE':>8} {'train s':>7}")  # fmt: skip
     for name, result in results.items():
         counts, anchor = result["counts"], result["anchor"]
         shape = f"{max(counts)}..{min(counts)}"
         for candidate, rows in result["scores"].items():
-            balanced, worst, seconds = (list(column) for column in zip(*rows, strict=True))
+            balanced, worst, ece, seconds = (list(column) for column in zip(*rows, strict=True))
             print(f"{name:9} {shape:>14} {candidate:16} {shown(balanced):>14} {shown(worst):>14} "
-                  f"{statistics.mean(balanced) - anchor['balanced_accuracy']:+7.3f} "
+                  f"{statistics.mean(balanced) - anchor['balanced_accuracy']:+7.3f} {statistics.mean(ece):8.3f} "
                   f"{statistics.mean(seconds):7.0f}")  # fmt: skip
         worst_anchor = worst_class(anchor)
         assert worst_anchor is not None
