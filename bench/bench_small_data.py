@@ -159,6 +159,9 @@ def mirror_table(p: Params, tmp: Path) -> None:
     for name in [*MIRROR_FOLDERS, "default data"]:
         if name == "default data":
             shards = ROOT / p.paths.shards
+            if not (shards / "manifest.json").is_file():
+                print(f"{name:26} skipped: no {p.paths.shards}/manifest.json here (make run first)")
+                continue
         else:
             shards = tmp / name.replace(" ", "_") / "shards"
             source = MIRROR_FOLDERS[name](tmp / name.replace(" ", "_") / "images")
