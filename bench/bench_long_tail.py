@@ -169,7 +169,7 @@ def main() -> None:
         for name in args.folders:
             results[name] = bench_folder(p, name, Path(tmp_name), args.candidates, args.seeds)
     print()
-    print(f"preprocess.image_size 32, {args.steps} steps, seeds {args.seeds}, overrides: "
+    print(f"preprocess.image_size {p.preprocess.image_size}, {args.steps} steps, seeds {args.seeds}, overrides: "
           f"{' '.join(args.set) or 'none'}; {time.perf_counter() - started:.0f} s in all")  # fmt: skip
     print(f"{'folder':9} {'train counts':>14} {'candidate':16} {'balanced acc':>14} {'worst recall':>14} "
           f"{'vs SVM':>7} {'test ECE':>8} {'train s':>7}")  # fmt: skip
