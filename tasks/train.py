@@ -180,7 +180,7 @@ def _setup(
     telemetry = Telemetry(out.runs / "train" / identity.name, enabled=world.is_main,
                           histogram_every=params.histogram_every_steps, purge_step=purge)  # fmt: skip
     if world.is_main:
-        write_batch_grids(train=first_batch(start.dataset, params.batch_size, epoch_one),
+        write_batch_grids(train=first_batch(start.dataset, params.batch_size, epoch_one, params.imbalance),
                           val=(data.val_images, data.val_labels), class_names=spec.class_names,
                           augment=params.augment, train_png=out.train_batch, val_png=out.val_batch,
                           telemetry=telemetry)  # fmt: skip

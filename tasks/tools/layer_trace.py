@@ -43,7 +43,9 @@ def model_to_trace(p: Params, start: Start, init: bool) -> tuple[torch.nn.Module
 def run(p: Params, *, batch: int, init: bool, report: Path) -> dict[str, list[str]]:
     seed_everything(derive_seed(p.seed, "inspect"), cpu_threads(p.train.threads, 1), torch.device("cpu"))
     start = start_of(p)
-    images, labels = first_batch(start.dataset, start.params.batch_size, start.loader_generator().get_state())
+    images, labels = first_batch(
+        start.dataset, start.params.batch_size, start.loader_generator().get_state(), start.params.imbalance
+    )
     images, labels = images[:batch], torch.tensor(labels[:batch])  # the train stage's first batch, cut
     model, what = model_to_trace(p, start, init)
     rows = trace(model, normalize(images, start.spec), labels)

@@ -59,6 +59,7 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
         model=model, ddp=None, optimizer=optimizer, schedule=schedule, precision=precision, params=recipe,
         spec=start.spec, device=device, world=World(),
         telemetry=Telemetry(Path(), enabled=False, histogram_every=0, purge_step=None),
+        class_counts=start.class_counts,  # a long tail's loss remedy (train.imbalance) weighs by them
     )  # fmt: skip
     model.train()
     losses, reached = [], None

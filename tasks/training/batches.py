@@ -22,19 +22,20 @@ from tasks.core.params import AugmentParams
 from tasks.core.plots import plot_image_grid
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
-from tasks.training.loader import StepSampler, make_loader
+from tasks.training.loader import make_loader, sampler_for
 from tasks.training.telemetry import Telemetry
 
 GRID_IMAGES = 32
 
 
 def first_batch(
-    train_set: ShardDataset, global_batch: int, generator_state: torch.Tensor
+    train_set: ShardDataset, global_batch: int, generator_state: torch.Tensor, imbalance: str = "none"
 ) -> tuple[torch.Tensor, list[int]]:
-    """uint8 (N, 3, S, S) and labels of the first global batch of epoch 1, as the loop's loader yields it."""
+    """uint8 (N, 3, S, S) and labels of the first global batch of epoch 1, as the loop's loader yields it
+    (`imbalance`: the resolved train.imbalance, whose balanced_sampler draws class by class)."""
     generator = torch.Generator()
     generator.set_state(generator_state)
-    sampler = StepSampler(len(train_set), global_batch, World(), generator)
+    sampler = sampler_for(imbalance, train_set.labels, global_batch, World(), generator)
     loader = make_loader(train_set, sampler, num_workers=0, pin_memory=False, generator=generator)
     images, labels, _ = next(iter(loader))
     return images, labels.tolist()

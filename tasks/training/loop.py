@@ -139,7 +139,7 @@ class EpochLoop:
         progress.loss_sum += out.loss_sum
         progress.correct += out.correct
         progress.count += out.count
-        progress.seen[indices] += 1
+        progress.seen.index_add_(0, indices, torch.ones_like(indices, dtype=progress.seen.dtype))  # repeats count
         self.dynamics.add(indices, out.logits, labels)
         done = time.perf_counter()
         self.telemetry.step(

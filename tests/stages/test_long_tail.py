@@ -12,7 +12,11 @@ from tasks import evaluate, preprocess, train
 from tasks.core.io import read_json
 from tasks.core.metrics import classification_metrics, worst_class
 from tasks.core.params import load_params
+from tasks.images.shards import ShardSplit
+from tasks.tools import sanity
 from tasks.tools.summary import render
+from tasks.training.distributed import World
+from tasks.training.start import training_start
 from tasks.training.step import NonFiniteError
 from tests.helpers.faults import FaultHooks
 from tests.helpers.folders import make_imagefolder
@@ -99,3 +103,32 @@ def test_the_balanced_sampler_resumes_to_the_same_weights(long_tail: Path, tmp_p
     coverage = read_json(tmp_path / "whole" / "train_run.json")
     assert coverage["recipe"]["choices"]["imbalance"] == {"value": "balanced_sampler", "auto": False,
                                                           "why": "set in params.yaml"}  # fmt: skip
+
+
+def test_coverage_counts_an_image_drawn_twice_in_one_batch(long_tail: Path, tmp_path: Path) -> None:
+    """One batch is the whole epoch, so the balanced sampler's repeats of a rare image all fall in it: coverage
+    counts them (an indexed += counted a repeat within a batch once, and said every image was seen once)."""
+    shards = long_tail / "shards"
+    images = len(ShardSplit.open(shards, "train").labels)
+    params = PARAMS.train.model_copy(update={"imbalance": "balanced_sampler", "batch_size": images, "epochs": 1})
+    start = training_start(params, seed=PARAMS.seed, shard_dir=shards, pretrained_dir=tmp_path / "none", augment=False)
+    batches = [indices.numpy() for _, _, indices in start.loader(World())[1]]
+    drawn = np.bincount(np.concatenate(batches), minlength=images)
+    assert len(batches) == 1 and (drawn > 1).any(), "no repeat within the batch: the check would be idle"
+    out = tmp_path / "run"
+    train.run(params, seed=PARAMS.seed, shard_dir=shards, model_path=out / "model.pt",
+              history_path=out / "history.json", plot_path=out / "history.png", runs_dir=out / "runs",
+              provenance={}, run_meta_path=out / "train_run.json")  # fmt: skip
+    assert read_json(out / "train_run.json")["coverage"][0] == {
+        "epoch": 1, "seen_once": int((drawn == 1).sum()), "seen_more_than_once": int((drawn > 1).sum()),
+        "not_seen": int((drawn == 0).sum())}  # fmt: skip
+
+
+def test_sanity_trains_a_long_tail_with_its_loss_remedy(long_tail: Path, tmp_path: Path) -> None:
+    """make sanity on a long-tailed split: the step runner gets the class counts its loss remedy weighs by (it
+    crashed: `train.imbalance logit_adjust needs the train split's class counts`)."""
+    check = PARAMS.sanity.model_copy(update={"steps": 5, "batch_size": 8, "max_loss": 100.0})
+    for remedy in ("auto", "class_balanced"):
+        params = PARAMS.train.model_copy(update={"imbalance": remedy})
+        result = sanity.run(params, check, seed=0, shard_dir=long_tail / "shards", report_path=tmp_path / "s.json")
+        assert result.passed and read_json(tmp_path / "s.json")["passed"] is True
