@@ -28,7 +28,7 @@ from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import data_layout
 from tasks.images.shards import SPLITS, ShardSplit, load_manifest
 from tasks.training.models import load_model_file, predict_logits
-from tasks.training.temperature import temperature_of
+from tasks.training.tempered import temperature_of
 
 log = logging.getLogger(__name__)
 

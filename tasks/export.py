@@ -41,7 +41,7 @@ from tasks.release.parity import Check, enforce, int8_checks, int8_report, parit
 from tasks.release.quantize import calibration_sample, quantize_int8
 from tasks.training.models import load_model_file, normalize, predict_logits
 from tasks.training.serialize import INPUT_NAME, export_onnx, export_torchscript, load_torchscript, torch_threads
-from tasks.training.temperature import temperature_of, tempered
+from tasks.training.tempered import temperature_of, tempered
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Temperature scaling (Guo et al. 2017): the kept model's validation logits -> one scalar T minimising their NLL,
-kept only when it lowers it; model.pt records it, and export divides the ONNX graph's logits by it (`Tempered`),
+kept only when it lowers it; model.pt records it, and export divides the ONNX graph's logits by it (tempered.py),
 so the served probabilities, the review threshold and the drift watch's confidence are calibrated.
 """
 
@@ -89,24 +89,3 @@ def calibrate(
     else:
         log.info("calibration: temperature 1 (not scaled): %s", fit.reason)
     return fit
-
-
-def temperature_of(payload: dict[str, Any]) -> float:
-    """model.pt's temperature: 1.0 for a model saved before calibration existed or with none applied."""
-    return float((payload.get("calibration") or {}).get("temperature", 1.0))
-
-
-class Tempered(torch.nn.Module):
-    """`model`'s logits divided by T: what export traces, so every exported format outputs calibrated logits."""
-
-    def __init__(self, model: torch.nn.Module, temperature: float) -> None:
-        super().__init__()
-        self.model, self.temperature = model, float(temperature)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x) / self.temperature
-
-
-def tempered(model: torch.nn.Module, temperature: float) -> torch.nn.Module:
-    """`model` itself when T is 1 (the exported graph stays as it was), else `Tempered`."""
-    return model if temperature == 1.0 else Tempered(model, temperature).eval()

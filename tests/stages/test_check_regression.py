@@ -244,6 +244,7 @@ def test_a_baseline_of_metrics_only_is_compared_on_its_tolerances_and_says_so(
     assert "test set sha256 000000000000" in verdict.summary() and '`make promote ACCEPT="<why>"`' in verdict.summary()
     assert read_json(tmp_path / "reports/gate.json") == {
         "verdict": "different test set", "passed": False, "enforced": True, "summary": verdict.summary(),
+        "headline": "different test set", "rules": 0, "not_judged": 0,
     }  # fmt: skip
 
 

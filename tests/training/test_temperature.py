@@ -9,7 +9,8 @@ import torch
 
 from tasks.core.calibration_error import expected_calibration_error, nll
 from tasks.training.models import normalize
-from tasks.training.temperature import Tempered, calibrate, fit_temperature, temperature_of, tempered
+from tasks.training.temperature import calibrate, fit_temperature
+from tasks.training.tempered import Tempered, temperature_of, tempered
 from tests.helpers.training import SPEC, Net
 
 pytestmark = pytest.mark.fast
