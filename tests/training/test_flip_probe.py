@@ -165,7 +165,8 @@ def test_without_a_probe_a_hint_keeps_flips_on_and_says_why(tmp_path: Path) -> N
     assert not asked
 
 
-@pytest.mark.parametrize("remedy", ["class_balanced", "logit_adjust", "balanced_sampler"])
+@pytest.mark.parametrize("remedy", ["class_balanced", pytest.param("logit_adjust", marks=pytest.mark.slow),
+                                    pytest.param("balanced_sampler", marks=pytest.mark.slow)])  # fmt: skip
 def test_the_probe_trains_with_the_runs_imbalance_remedy(tmp_path: Path, remedy: str) -> None:
     """The arms train as the run will, its train.imbalance remedy included: a loss remedy weighs by the split's
     class counts and the sampler draws class by class (the probe crashed on a loss remedy: no class counts)."""
