@@ -231,7 +231,7 @@ prefect-deploy: setup
 # POOL=gpu on the machine that runs the stages prefect.yaml's placement puts there (docs/scale-out.md)
 POOL ?= local-process
 prefect-worker: setup
-	POOL=$(POOL) scripts/prefect.sh worker
+	POOL=$(POOL) LIMIT=$(LIMIT) scripts/prefect.sh worker
 
 # A deployment's run, followed to its end: its final state and message, exit 1 unless it Completed.
 DEPLOYMENT ?= train-flow/prod

@@ -21,31 +21,32 @@ tasks), seeds.py (seed reruns), outcome.py (the comparison), trial.py (one trial
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect import flow, get_run_logger, runtime
+from prefect import flow, get_run_logger
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.placement import PlacementError
 from flows.scratch import checkpoints_outside
-from flows.shell import NOT_INHERITED, stage_env
 from flows.sweep import cpus, report
 from flows.sweep.outcome import conclude
+from flows.sweep.remote import prepare
 from flows.sweep.scheduler import Run, TrialsFailing, run_study
 from flows.sweep.seeds import rerun_seeds, seeds_path
 from flows.sweep.space import SpaceError, check_space
+from flows.sweep.storage import StorageUnreachable, masked, open_storage
 from flows.sweep.store import Store
 from flows.sweep.study import SweepBusy, journal_path, open_study, resume, study_lock, study_uid
-from flows.sweep.trial import clear_leftovers, stop_all
+from flows.sweep.trial import clear_leftovers, stop_all, trial_env
 from tasks.core.experiment_params import SweepParams
 from tasks.core.git import changed_files, git_output, head_commit
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
-from tasks.release import run_record, tracking
+from tasks.release import tracking
 
 
 class SharedCheckpoints(ValueError):
@@ -72,6 +73,16 @@ def refuse_shared_checkpoints(repo: Path, commit: str) -> None:
         )
 
 
+def refuse_uncommitted_storage(repo: Path, commit: str, storage: str) -> None:
+    """Workers read sweep.storage from the commit's params.yaml: the workspace's must be the same."""
+    committed = str((committed_params(repo, commit).get("sweep") or {}).get("storage") or "")
+    if committed != storage:
+        raise PlacementError(
+            f"sweep.storage is {masked(storage)} here but {masked(committed) or 'empty'} in params.yaml at "
+            f"{commit[:12]}, which the workers read: commit and push params.yaml"
+        )
+
+
 def _epochs(history: Path) -> int:
     """How many epochs the last run trained (its train_history.json): the pruner's schedule."""
     try:
@@ -80,20 +91,11 @@ def _epochs(history: Path) -> int:
         return 1
 
 
-def _trial_env(uri: str, parent: str | None, study: str) -> dict[str, str]:
-    env = stage_env(NOT_INHERITED)
-    env["MLFLOW_TRACKING_URI"] = uri
-    if parent:
-        env[tracking.PARENT_ENV] = parent
-    env[run_record.TRIAL_ENV] = study
-    with contextlib.suppress(Exception):  # outside a flow run there is none to name
-        env["PREFECT__FLOW_RUN_ID"] = str(runtime.flow_run.id)
-    return env
-
-
 @flow(name="sweep-flow", log_prints=True)
-def sweep_flow(trials: int | None = None, parallel: int | None = None, study_name: str | None = None) -> dict[str, Any]:
-    """Run the study to `trials` finished or pruned trials, `parallel` at once; print and publish the comparison."""
+def sweep_flow(trials: int | None = None, parallel: int | None = None, study_name: str | None = None,
+               git_remote: str = "origin", dvc_remote: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the study to `trials` finished or pruned trials, `parallel` at once; print and publish the comparison.
+    With sweep.pool set, the trials run on that pool's workers, reached through `git_remote` and `dvc_remote`."""
     logger = get_run_logger()
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
@@ -119,6 +121,10 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         if leftovers:
             logger.info("removed %d trial copies a killed sweep left in %s", len(leftovers), workdir)
         study = open_study(runs, sweep, epochs)
+        remote = None
+        if sweep.pool:  # before any trial: the remotes, the commit there, the inputs pushed (flows/sweep/remote.py)
+            refuse_uncommitted_storage(repo, commit, sweep.storage)
+            remote = prepare(repo, commit, sweep.pool, git_remote, dvc_remote, store.uri, logger.info)
         retried = resume(study)
         if retried:
             logger.info(
@@ -138,12 +144,13 @@ def sweep_flow(trials: int | None = None, parallel: int | None = None, study_nam
         # Trials sharing the machine run on CPUs of their own (flows/sweep/cpus.py), so train.threads 0 counts its
         # own and the experiment that `dvc exp apply` brings back holds only the searched values; without CPU
         # affinity (macOS), threads.
-        share = cpus.share(sweep.parallel) if sweep.parallel > 1 else None
+        here = sweep.parallel > 1 and not remote
+        share = cpus.share(sweep.parallel) if here else None
         cores = os.cpu_count() or 1
-        extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if sweep.parallel > 1 and not share else []
+        extra = ["-S", f"train.threads={max(1, cores // sweep.parallel)}"] if here and not share else []
         seed = int(committed_params(repo, commit).get("seed", params.seed))  # the trials' seed, as committed
-        run = Run(sweep, repo, runs, commit, epochs, _trial_env(store.uri, parent, sweep.study), extra, store,
-                  params.tracking.experiment, parent, seed, share, params.tracking.enabled)  # fmt: skip
+        run = Run(sweep, repo, runs, commit, epochs, trial_env(store.uri, parent, sweep.study), extra, store,
+                  params.tracking.experiment, parent, seed, share, params.tracking.enabled, remote)  # fmt: skip
         try:
             results = run_study(study, run)
             reruns = rerun_seeds(study, sweep, seed, seeds_path(runs, sweep.study), uid, run.rerun, logger)
@@ -179,9 +186,11 @@ def main(argv: list[str] | None = None) -> None:
             refuse_shared_checkpoints(Path.cwd(), commit)
         with study_lock(params.paths.runs, args.study or params.sweep.study):
             pass  # a sweep of this study already running is refused here, in one line, before Prefect starts
+        if params.sweep.storage:  # an unreachable database, too
+            open_storage(params.sweep.storage, Path(), params.sweep.heartbeat_s)
         k = parallel or params.sweep.parallel
         sweep_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=k))(trials, parallel, args.study)
-    except (SpaceError, ParamsError, SweepBusy, SharedCheckpoints) as exc:
+    except (SpaceError, ParamsError, SweepBusy, SharedCheckpoints, StorageUnreachable, PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except TrialsFailing as exc:

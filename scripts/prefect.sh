@@ -121,7 +121,8 @@ worker)
     exit 0
   fi
   export IMAGEPIPE_CHECKOUT="$IMAGEPIPE_ROOT" # where run-stage runs (prefect.yaml's pull step)
-  start_background worker prefect worker start --pool "$POOL" --type process
+  # LIMIT=n: at most n flow runs at once on this worker (a sweep's trials: LIMIT=1, one per machine)
+  start_background worker prefect worker start --pool "$POOL" --type process ${LIMIT:+--limit "$LIMIT"}
   wait_for worker 60 grep -q "started" "$PREFECT_HOME/worker.log"
   echo "worker on pool $POOL (pid $(cat "$PREFECT_HOME/worker.pid"); log: $PREFECT_HOME/worker.log)"
   ;;

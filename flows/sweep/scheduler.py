@@ -17,7 +17,9 @@ from prefect import get_run_logger, task
 from prefect.utilities.annotations import quote
 
 from flows.sweep import cpus, report
+from flows.sweep.remote import Remote, dispatch
 from flows.sweep.space import suggest
+from flows.sweep.storage import beating, fail_stale, retry_of
 from flows.sweep.store import Store
 from flows.sweep.study import counted, trial_name
 from flows.sweep.trial import TrialResult, run_trial
@@ -48,6 +50,7 @@ class Run:
     seed: int
     cpus: int | None = None  # CPUs of each running trial, when trials share the machine (flows/sweep/cpus.py)
     track: bool = True  # tracking.enabled: the sweep's MLflow parent and its unfinished trials
+    remote: Remote | None = None  # sweep.pool set: trials run on that pool's workers (flows/sweep/remote.py)
 
     @property
     def workdir(self) -> Path:
@@ -86,7 +89,12 @@ def trial_task(
         return epoch < run.epochs and trial.should_prune()  # the last epoch is the result: nothing left to save
 
     result = TrialResult(number=number, name=name, values=values, seed=seed)
+    if run.remote is not None and trial is not None:
+        return dispatch(run.remote, trial, result, run.commit, run.epochs, run.parent, env[run_record.TRIAL_ENV],
+                        run.repo, logger.info)  # fmt: skip
     with contextlib.ExitStack() as held:
+        if trial is not None:  # a study in a database: the trial beats while it runs (flows/sweep/storage.py)
+            held.enter_context(beating(trial.study._storage, trial._trial_id))
         cores = held.enter_context(cpus.claimed(run.runs, want_cpus, logger.info)) if want_cpus else None
         run_trial(run.repo, run.workdir, result, commit=run.commit, env=env, report=prune, log=logger.info,
                   extra_sets=run.extra, cores=cores, store=run.store)  # fmt: skip
@@ -103,12 +111,19 @@ def run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
     running: dict[int, tuple[optuna.Trial, Any]] = {}
     results: list[TrialResult] = []
     failures = 0  # in a row: a failed trial is replaced, but not forever
+    checked = time.monotonic()
     while counted(study) + len(running) < sweep.trials or running:
+        if sweep.storage and time.monotonic() - checked >= sweep.heartbeat_s:
+            checked = time.monotonic()
+            stale = fail_stale(study)  # trials whose machine went silent: failed, their values queued again
+            if stale:
+                logger.warning("trials %s stopped beating (their machine or worker died): failed, retried", stale)
         while (len(running) < sweep.parallel and counted(study) + len(running) < sweep.trials
                and failures < MAX_FAILURES_IN_A_ROW):  # fmt: skip
             trial = study.ask()
             values = suggest(trial, sweep.space)
-            name = trial_name(sweep.study, trial)
+            retried = retry_of(study, trial.number) if sweep.storage else None  # its copy has the dead one's name
+            name = f"{sweep.study}-t{trial.number:03d}" if retried is not None else trial_name(sweep.study, trial)
             trial.set_user_attr("name", name)
             logger.info("trial %s: %s", name, values)
             future = run.submit(name, trial.number, values, None, f"{sweep.study}:{trial.number}", trial, pinned=True)
@@ -140,6 +155,9 @@ def run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, result: TrialResult) -> None:
+    frozen = next(t for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    if frozen.state.is_finished():  # failed by the heartbeat check while it ran: its retry is queued
+        return
     attrs = {"test_accuracy": result.test_accuracy, "verdict": result.verdict, "seconds": result.seconds}
     for key, value in attrs.items():
         if value is not None:

@@ -1,4 +1,5 @@
-"""The sweep's Optuna study: journal storage under runs/sweep/, one sweep at a time per study, resume.
+"""The sweep's Optuna study: its storage (flows/sweep/storage.py: the journal under runs/sweep/, or a database),
+one sweep at a time per study, resume.
 
 Sampler: TPE, seeded by sweep.sampler_seed, so a sweep run one trial at a time asks the same values again.
 Pruner: sweep.pruner on each epoch's validation accuracy (the trial reports it as its intermediate value):
@@ -23,10 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import optuna
-from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from flows.sweep.storage import open_storage
 from tasks.core.experiment_params import SweepParams
 
 DIRECTION = "maximize"  # validation accuracy
@@ -73,9 +73,7 @@ def pruner(params: SweepParams, epochs: int) -> optuna.pruners.BasePruner:
 
 
 def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
-    path = journal_path(runs, params.study)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(path)))
+    storage = open_storage(params.storage, journal_path(runs, params.study), params.heartbeat_s)
     study = optuna.create_study(
         study_name=params.study,
         storage=storage,
@@ -87,7 +85,7 @@ def open_study(runs: Path, params: SweepParams, epochs: int) -> optuna.Study:
         pruner=pruner(params, epochs),
         load_if_exists=True,
     )
-    if UID not in study.user_attrs:  # a new journal: a new study, even under an old name
+    if UID not in study.user_attrs:  # a new journal (or database): a new study, even under an old name
         study.set_user_attr(UID, uuid.uuid4().hex)
     return study
 

@@ -33,12 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
+from prefect import runtime
 
 from flows.scratch import ProcessGroup, cache_dir, copy_local_config
+from flows.shell import NOT_INHERITED, stage_env
 from flows.sweep.space import set_args
 from flows.sweep.store import Store
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, load_params
+from tasks.release import run_record, tracking
 
 EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
@@ -71,6 +75,20 @@ def _dvc(*args: str) -> list[str]:
     return [sys.executable, "-m", "dvc", *args]
 
 
+def trial_env(uri: str | None, parent: str | None, tag: str) -> dict[str, str]:
+    """The environment of a trial's `dvc exp run`: the project's, less the gate's switches and test hooks, with
+    the MLflow store its gate logs to (None: the checkout's own), the sweep's parent run and the trial's tag."""
+    env = stage_env(NOT_INHERITED)
+    if uri:
+        env["MLFLOW_TRACKING_URI"] = uri
+    if parent:
+        env[tracking.PARENT_ENV] = parent
+    env[run_record.TRIAL_ENV] = tag
+    with contextlib.suppress(Exception):  # outside a flow run there is none to name
+        env["PREFECT__FLOW_RUN_ID"] = str(runtime.flow_run.id)
+    return env
+
+
 def prepare_copy(repo: Path, copy: Path, commit: str, cache: Path) -> None:
     """A clone of `commit` in `copy` that shares this repository's objects and DVC cache, its outputs checked out."""
     steps = [
@@ -92,6 +110,22 @@ def prepare_copy(repo: Path, copy: Path, commit: str, cache: Path) -> None:
             raise RuntimeError(f"dvc {' '.join(args[:2])} failed in the trial's copy: {proc.stderr.strip()[-300:]}")
     # The committed run's outputs (and .dvc-tracked inputs) from the shared cache; what is missing, DVC reruns.
     _run(_dvc("checkout", "--quiet"), copy)
+
+
+def pull_inputs(copy: Path, remote: str | None, log: Callable[[str], None]) -> None:
+    """`dvc pull` of the committed run in the trial's copy; what is still missing afterwards is named."""
+    proc = _run(_dvc("pull", *(["--remote", remote] if remote else [])), copy)
+    if proc.returncode == 0:
+        log(f"inputs pulled from the DVC remote into {copy}")
+        return
+    lock = yaml.safe_load((copy / "dvc.lock").read_text()) if (copy / "dvc.lock").is_file() else {}
+    outs = [o["path"] for stage in (lock.get("stages") or {}).values() for o in stage.get("outs", [])]
+    missing = [path for path in outs if not (copy / path).exists()] or ["(see DVC's words)"]
+    said = (proc.stderr or proc.stdout).strip().splitlines()
+    raise RuntimeError(
+        f"inputs missing on this worker: {', '.join(missing[:6])}: `dvc pull` from the DVC remote failed "
+        f"({said[-1][:300] if said else proc.returncode}); give this machine's clone the project's DVC remote"
+    )
 
 
 def fetch_experiment(repo: Path, copy: Path, name: str) -> str | None:
@@ -145,10 +179,13 @@ def run_trial(
     extra_sets: list[str] | None = None,
     cores: list[int] | None = None,
     store: Store | None = None,
+    pull: bool = False,
+    dvc_remote: str | None = None,
 ) -> TrialResult:
     """Run the trial to its end, its pruning or its failure; fill in `result` and return it. `cores`: the CPUs
     its processes may use (trials that share a machine get disjoint ones; train.threads 0 then counts them).
-    `store`: the project's MLflow store (None: the gate logs where `env` says)."""
+    `store`: the project's MLflow store (None: the gate logs where `env` says). `pull`: on a worker of a sweep over
+    machines, the committed run's outputs come from the DVC remote (`dvc_remote`, None: the default one)."""
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix=f"{result.name}-", dir=workdir))
@@ -158,6 +195,8 @@ def run_trial(
         env = {**env, "MLFLOW_TRACKING_URI": own}
     try:
         prepare_copy(repo, copy, commit, cache_dir(repo))
+        if pull:
+            pull_inputs(copy, dvc_remote, log)
         seed = ["-S", f"seed={result.seed}"] if result.seed is not None else []
         command = _dvc("exp", "run", "-n", result.name, *set_args(result.values), *seed, *(extra_sets or []))
         log(f"trial {result.name}: {' '.join(command[2:])}  (in {copy})")

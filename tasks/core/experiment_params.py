@@ -5,9 +5,12 @@ and both ends must be values that key takes."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_DATABASE_URL = re.compile(r"^[a-z][a-z0-9]*(\+[a-z0-9_]+)?://\S+$")  # SQLAlchemy's dialect[+driver]://...
 
 
 class _Section(BaseModel):
@@ -70,3 +73,25 @@ class SweepParams(_Section):
     seeds: int = Field(1, ge=1, description="> 1: the best configurations rerun with this many seeds (mean, spread)")
     rerun_top: int = Field(2, ge=1, description="seeds > 1: how many of the best configurations rerun")
     space: dict[str, SearchRange] = Field(default_factory=dict, description="dotted params.yaml key -> range")
+    storage: str = Field(
+        "", description="empty: the journal runs/sweep/<study>.journal; a database URL (postgresql://user@host/db): "
+        "Optuna's RDBStorage, shared by machines; its password from ~/.pgpass or PGPASSWORD, not params.yaml",
+    )  # fmt: skip
+    heartbeat_s: int = Field(60, ge=1, description="database storage: a trial silent 3 heartbeats is failed, retried")
+    pool: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="empty: trials run here; a Prefect work pool: deployment sweep-trial/<pool>",
+    )
+
+    @model_validator(mode="after")
+    def _where(self) -> SweepParams:
+        if self.storage and not _DATABASE_URL.match(self.storage):
+            raise ValueError(
+                f"sweep.storage {self.storage!r} is not a database URL: give postgresql://user@host:5432/db, or "
+                "leave it empty for the journal under runs/sweep/"
+            )
+        if self.pool and not self.storage:
+            raise ValueError(f"sweep.pool {self.pool!r} needs sweep.storage, a database URL every machine reaches: "
+                             "the journal file under runs/sweep/ is on this machine only")  # fmt: skip
+        return self
