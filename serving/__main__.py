@@ -12,7 +12,7 @@ import sys
 
 import uvicorn
 
-from serving.runtime import RUNTIME_ENV, RuntimeFolderError, ServerRuntime, runtime_folder
+from serving.runtime import MULTIPROCESS_ENV, RUNTIME_ENV, RuntimeFolderError, ServerRuntime, runtime_folder
 from tasks.core.params import ParamsError, load_params
 
 
@@ -33,6 +33,10 @@ def main() -> None:
         sys.exit(2)
     serve = params.serve
     os.environ[RUNTIME_ENV] = str(runtime.folder)  # the workers (spawned: they inherit the environment) attach it
+    # prometheus_client's multiprocess folder, empty (start() emptied the runtime folder): each worker's metric
+    # files, summed by /metrics. Set before any worker imports prometheus_client, which reads it then.
+    runtime.metrics.mkdir()
+    os.environ[MULTIPROCESS_ENV] = str(runtime.metrics)
     print(f"[serve] runtime folder {runtime.folder} (POST /reload takes its token; make reload sends it)",
           file=sys.stderr)  # fmt: skip
     signal.signal(signal.SIGTERM, _terminated)

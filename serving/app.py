@@ -4,21 +4,23 @@
 (hash-verified) and warms up in a background thread (serving/model_slot.py), and /ready says 503 until that is
 done; POST /reload swaps it on every worker (serving/reload.py). POST /predict takes the image as the raw body
 (Content-Type image/* or application/octet-stream) or as the multipart field `file`. Every prediction goes into
-this worker's drift window (GET /drift).
+the server's drift window (GET /drift), which all its workers share (serving/shared_memory.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from fastapi_offline import FastAPIOffline
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.batching import Batcher, QueueFull
 from serving.classifier import Classifier
@@ -29,6 +31,7 @@ from serving.monitoring import Metrics, ReviewFolder, log
 from serving.reload import Follower, add_reload
 from serving.runtime import RUNTIME_ENV, ServerRuntime
 from serving.schema import BatchResponse, PredictResponse
+from serving.shared_memory import SharedFile
 from serving.uploads import PREDICT_BODY, upload_of
 from tasks.core.environment import usable_cores
 from tasks.core.params import Params, Paths, ServeParams, load_params
@@ -53,6 +56,7 @@ def create_app(
 ) -> FastAPI:
     """The app; `runtime`: the server's runtime folder (serving/runtime.py), shared with its other workers.
     Without one the app makes a folder of its own for its lifetime (one worker: tests, an embedding)."""
+    workers = serve.workers if runtime is not None else 1  # the workers /ready waits for
     metrics = Metrics()
     state = ModelSlot()
     review = ReviewFolder(serve.review_dir, serve.review_max_files, serve.review_max_file_bytes)
@@ -60,14 +64,14 @@ def create_app(
     # serve.streams calls at once (decode + onnxruntime, each on its own thread, one shared session),
     # and the requests that wait for a stream coalesced into one call (serving/batching.py).
     batcher = Batcher(classify, streams=stream_count(serve), max_batch=serve.max_batch, max_queue=serve.max_queue,
-                      on_batch=metrics.batch_size.observe)  # fmt: skip
+                      on_batch=metrics.batch_size.observe, on_load=metrics.load)  # fmt: skip
     metrics.streams.set(batcher.streams)
-    metrics.queue_depth.set_function(lambda: batcher.queue_depth)
-    metrics.streams_busy.set_function(lambda: batcher.busy)
+    metrics.load(0, 0)
     metrics.watch_drift(lambda: state.drift)
 
     async def lifespan(app: FastAPI):  # noqa: ANN202 - FastAPI's lifespan protocol
         own = runtime or ServerRuntime.start(Path(tempfile.mkdtemp(prefix="imagepipe-serve-")))
+        review.share(SharedFile(own.shared / "review.count"))  # the server's count, not this worker's
         if runtime is None:
             log.info("POST /reload takes the token in %s", own.token_file)
         follower = Follower(state, serve, paths, metrics, own)
@@ -80,6 +84,7 @@ def create_app(
         finally:
             follower.stop()
             batcher.close()
+            metrics.close()
             if runtime is None:
                 own.close()
 
@@ -92,14 +97,13 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     add_error_handlers(app)
 
-    _add_routes(app, state, serve, batcher, metrics, review)
+    _add_routes(app, state, serve, batcher, metrics, review, workers)
     add_reload(app, state)
     return app
 
 
-def _add_routes(
-    app: FastAPI, state: ModelSlot, serve: ServeParams, batcher: Batcher, metrics: Metrics, review: ReviewFolder
-) -> None:
+def _add_routes(app: FastAPI, state: ModelSlot, serve: ServeParams, batcher: Batcher, metrics: Metrics,
+                review: ReviewFolder, workers: int) -> None:  # fmt: skip
     """/health, /ready, /metrics, /drift, /predict and /predict/batch."""
 
     def ensure_ready() -> None:
@@ -112,27 +116,33 @@ def _add_routes(
         return {"status": "ok"}
 
     @app.get("/ready", responses=ERRORS)
-    async def ready() -> dict[str, Any]:
-        """200 once the model is loaded, hash-verified and warm; 503 before (or when loading failed). `pid`: the
-        uvicorn worker that answered."""
+    async def ready(request: Request) -> dict[str, Any]:
+        """200 once every worker of the server has its model loaded, hash-verified and warm; 503 before (or when
+        a worker's loading failed). `workers`: how many serve each model; `pid`: the worker that answered."""
         ensure_ready()
-        return {"status": "ready", "model": state.info, "pid": os.getpid()}
+        reports = await asyncio.to_thread(request.app.state.runtime.reports)
+        loaded = [r for r in reports if r.model is not None]
+        if len(loaded) < workers:
+            waiting = "; ".join(f"pid {r.pid}: {r.error or 'loading'}" for r in reports if r.model is None)
+            raise HTTPException(503, f"model_not_ready: {len(loaded)} of {workers} workers serve a model"
+                                f"{'; ' + waiting if waiting else ''}")  # fmt: skip
+        served = Counter(r.model["sha256"] for r in loaded if r.model)
+        return {"status": "ready", "model": state.info, "workers": dict(served), "pid": os.getpid()}
 
     @app.get("/metrics", response_class=PlainTextResponse)  # documented as text/plain, which it is
     async def metrics_endpoint() -> Response:
-        """Prometheus text format."""
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """Prometheus text format: every worker's counters summed (serving/monitoring.py)."""
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/drift", responses=ERRORS)
     async def drift() -> dict[str, Any]:
-        """This worker's last serve.drift.window predictions against the model's test-split reference:
-        per-class shares, PSI of class mix, top-1 and margin with thresholds, and a verdict."""
+        """The server's last serve.drift.window predictions (every worker's) against the model's test-split
+        reference: per-class shares, PSI of class mix, top-1 and margin with thresholds, and a verdict."""
         ensure_ready()
         assert state.drift is not None
-        scope = (f"this uvicorn worker only (pid {os.getpid()}); with serve.workers {serve.workers} each worker "
-                 "keeps its own window, so a request here sees one worker's traffic")  # fmt: skip
+        scope = f"the server: the last predictions of its {workers} uvicorn worker{'s' * (workers > 1)} together"
         saved = {"dir": str(review.root.resolve()), "saved": review.recount(), "max_files": review.max_files}
-        return {"model": state.info, "scope": scope, "workers": serve.workers, **state.drift.report(), "review": saved}
+        return {"model": state.info, "scope": scope, "workers": workers, **state.drift.report(), "review": saved}
 
     @app.post("/predict", response_model=PredictResponse, responses=ERRORS, openapi_extra=PREDICT_BODY)
     async def predict(request: Request) -> JSONResponse:

@@ -46,11 +46,12 @@ class Batcher:
         max_batch: int,
         max_queue: int,
         on_batch: Callable[[int], None] | None = None,
+        on_load: Callable[[int, int], None] | None = None,
     ) -> None:
         if streams < 1 or max_batch < 1 or max_queue < 1:
             raise ValueError(f"streams, max_batch and max_queue must be >= 1, got {streams}, {max_batch}, {max_queue}")
         self.streams, self.max_batch, self.max_queue = streams, max_batch, max_queue
-        self._run, self._on_batch = run, on_batch
+        self._run, self._on_batch, self._on_load = run, on_batch, on_load
         self._executor = ThreadPoolExecutor(streams, thread_name_prefix="inference")
         self._idle = streams
         self._pending: deque[_Job] = deque()
@@ -75,6 +76,7 @@ class Batcher:
         self._pending.append(job)
         self._waiting += len(items)
         self._dispatch(loop)
+        self._report_load()
         return await job.future
 
     def close(self) -> None:
@@ -118,3 +120,9 @@ class Batcher:
             else:
                 job.future.set_result(outcome)
         self._dispatch(loop)
+        self._report_load()
+
+    def _report_load(self) -> None:
+        """(queue depth, busy streams) to `on_load`, after each change: a request in, a call done."""
+        if self._on_load is not None:
+            self._on_load(self._waiting, self.busy)

@@ -12,11 +12,13 @@ import contextlib
 import ctypes
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from serving.monitoring import Metrics, log, log_drift
 from serving.schema import ModelInfo
+from serving.shared_memory import SharedFile
 from tasks.core.params import Paths, ServeParams
 from tasks.release.drift import DriftWindow
 from tasks.release.drift_reference import Reference
@@ -31,7 +33,7 @@ class ModelSlot:
     source: ProductionModel | None = None
     error: str | None = None
     info: dict[str, str] | None = None  # ModelInfo of the loaded model, as every response carries it
-    drift: DriftWindow | None = None  # this worker's last serve.drift.window predictions vs the model's reference
+    drift: DriftWindow | None = None  # the server's last serve.drift.window predictions vs the model's reference
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def snapshot(self) -> tuple[OnnxModel, DriftWindow]:
@@ -54,8 +56,10 @@ class Loaded:
     info: dict[str, str]
 
 
-def prepare(serve: ServeParams, paths: Paths) -> Loaded:
-    """The production model (hash-verified, warm) with its drift window; raises when it cannot be had."""
+def prepare(serve: ServeParams, paths: Paths, shared: Path) -> Loaded:
+    """The production model (hash-verified, warm) with its drift window; raises when it cannot be had. The
+    window is the server's: a block in `shared` (its runtime folder's) that every worker serving this model
+    maps (serving/shared_memory.py)."""
     source = production_model(paths)
     model = source.load(serve.threads)
     reference = Reference.from_metadata(model.metadata, model.class_names, str(source.path))
@@ -72,12 +76,13 @@ def prepare(serve: ServeParams, paths: Paths) -> Loaded:
         log.warning("%s: %s", source.path, warning)
     sha = model.sha256
     info = ModelInfo(sha256=sha, source=source.source, version=f"{source.source}-{sha[:12]}").model_dump()
-    return Loaded(model, source, DriftWindow(model.class_names, reference, thresholds, log_drift), info)
+    memory = SharedFile(shared / f"drift-{sha}.window")
+    return Loaded(model, source, DriftWindow(model.class_names, reference, thresholds, log_drift, memory), info)
 
 
-def load(slot: ModelSlot, serve: ServeParams, paths: Paths, metrics: Metrics) -> None:
+def load(slot: ModelSlot, serve: ServeParams, paths: Paths, metrics: Metrics, shared: Path) -> None:
     try:
-        loaded = prepare(serve, paths)
+        loaded = prepare(serve, paths, shared)
     except Exception as exc:  # reported by /ready and the log; the process stays up for /health
         slot.error = f"{type(exc).__name__}: {exc}"
         log.error("model not loaded: %s", slot.error)
@@ -87,9 +92,7 @@ def load(slot: ModelSlot, serve: ServeParams, paths: Paths, metrics: Metrics) ->
 
 def install(slot: ModelSlot, loaded: Loaded, metrics: Metrics) -> None:
     slot.swap(loaded)
-    metrics.model.clear()
-    metrics.model.labels(sha256=loaded.model.sha256, source=loaded.source.source).set(1)
-    metrics.ready.set(1)
+    metrics.serving(loaded.model.sha256, loaded.source.source)
     log.info("serving %s (%s, sha256 %s), warm", loaded.source.path, loaded.source.source, loaded.model.sha256)
 
 

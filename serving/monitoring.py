@@ -12,18 +12,22 @@ import json
 import logging
 import math
 import os
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import Collector
 
+from serving.runtime import MULTIPROCESS_ENV
 from tasks.core.io import atomic_file
 from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
 from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftWindow
+from tasks.release.window_memory import LocalMemory, WindowMemory
 
 log = logging.getLogger("serving")
 
@@ -32,8 +36,16 @@ _BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
 _PROB_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
+def multiprocess() -> bool:
+    """prometheus_client keeps every metric in a file per worker, summed by /metrics. It reads the variable
+    when imported, so it is set before the workers start."""
+    return MULTIPROCESS_ENV in os.environ
+
+
 class Metrics:
-    """One registry per app, so several apps (tests) never share counters."""
+    """One registry per app, so several apps (tests) never share counters. Under `python -m serving` the values
+    live in prometheus_client's multiprocess folder, and /metrics sums every worker's (`exposition`); a gauge
+    says how its workers' values combine (livesum: over the live workers)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -50,49 +62,87 @@ class Metrics:
         self.review_saved = Counter("serve_review_saved", "low-confidence inputs saved for review", registry=r)
         self.review_skipped = Counter("serve_review_skipped", "low-confidence inputs not saved", ["why"], registry=r)
         self.predicted_class = Counter("serve_predicted_class", "predictions by top-1 class", ["label"], registry=r)
-        self.drift_statistic = Gauge("serve_drift_statistic", "drift statistic of this worker's window (GET /drift)",
-                                     ["statistic"], registry=r)  # fmt: skip
-        self.drift_threshold = Gauge("serve_drift_threshold", "threshold of each drift statistic", ["statistic"],
-                                     registry=r)  # fmt: skip
-        self.drift_verdict = Gauge("serve_drift_verdict", "1 for this worker's drift verdict now", ["verdict"],
-                                   registry=r)  # fmt: skip
-        self.drift_window = Gauge("serve_drift_window_filled", "predictions in this worker's drift window", registry=r)
-        self.ready = Gauge("serve_ready", "1 once the model is loaded and warm", registry=r)
-        self.model = Gauge("serve_model_info", "the served model", ["sha256", "source"], registry=r)
-        self.streams = Gauge("serve_streams", "inference streams (calls that run at once)", registry=r)
-        self.streams_busy = Gauge("serve_streams_busy", "streams running a call now", registry=r)
-        self.queue_depth = Gauge("serve_queue_depth", "images waiting for a free stream", registry=r)
+        self.ready = Gauge("serve_ready", "1 once the model is loaded and warm (every worker)", registry=r,
+                           multiprocess_mode="livemin")  # fmt: skip
+        self.model = Gauge("serve_model_info", "the served model: the workers serving it", ["sha256", "source"],
+                           registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.streams = Gauge("serve_streams", "inference streams (calls that run at once), all workers", registry=r,
+                             multiprocess_mode="livesum")  # fmt: skip
+        self.streams_busy = Gauge("serve_streams_busy", "streams running a call now", registry=r,
+                                  multiprocess_mode="livesum")  # fmt: skip
+        self.queue_depth = Gauge("serve_queue_depth", "images waiting for a free stream", registry=r,
+                                 multiprocess_mode="livesum")  # fmt: skip
         self.batch_size = Histogram("serve_batch_size", "uploads per inference call (dynamic batching)",
                                     buckets=_BATCH_BUCKETS, registry=r)  # fmt: skip
+        self._served: dict[str, str] | None = None
+        self._drift: DriftCollector | None = None
+
+    def load(self, queue_depth: int, busy: int) -> None:
+        """The batcher's queue and busy streams, set as they change (a gauge computed at scrape time would be the
+        scraping worker's only)."""
+        self.queue_depth.set(queue_depth)
+        self.streams_busy.set(busy)
+
+    def serving(self, sha256: str, source: str) -> None:
+        """This worker serves `sha256` now: its model gauge moves from the previous one (kept at 0, since another
+        worker's file may still count it) and it is ready."""
+        if self._served is not None:
+            self.model.labels(**self._served).set(0)
+        self._served = {"sha256": sha256, "source": source}
+        self.model.labels(**self._served).set(1)
+        self.ready.set(1)
 
     def watch_drift(self, window: Callable[[], DriftWindow | None]) -> None:
-        """The drift gauges, read from the window (None until the model loads) when Prometheus scrapes:
-        nothing per prediction. A threshold is the one in force at the window's fill now (calibrated ones
-        depend on it)."""
+        """The drift gauges, read from the window (None until the model loads) when Prometheus scrapes: nothing
+        per prediction. The window is the server's (serving/shared_memory.py), so any worker answers for all."""
+        self._drift = DriftCollector(window)
+        if not multiprocess():
+            self.registry.register(self._drift)
 
-        def value(statistic: str) -> float:
-            drift = window()
-            values = drift.values() if drift else None
-            return values[statistic] if values else math.nan
+    def exposition(self) -> bytes:
+        """The Prometheus text of this app: every worker's values summed under `python -m serving`."""
+        if not multiprocess():
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        if self._drift is not None:
+            registry.register(self._drift)
+        return generate_latest(registry)
 
-        def threshold(statistic: str) -> float:
-            drift = window()
-            return drift.threshold(statistic) if drift else math.nan
+    def close(self) -> None:
+        """This worker exits: its live gauges leave the sums."""
+        if multiprocess():
+            mark_process_dead(os.getpid())
 
-        def verdict_is(verdict: str) -> float:
-            drift = window()
-            return float(drift is not None and drift.verdict == verdict)
 
-        for statistic in STATISTICS:
-            self.drift_statistic.labels(statistic=statistic).set_function(lambda s=statistic: value(s))
-            self.drift_threshold.labels(statistic=statistic).set_function(lambda s=statistic: threshold(s))
-        for verdict in VERDICTS:
-            self.drift_verdict.labels(verdict=verdict).set_function(lambda v=verdict: verdict_is(v))
-        self.drift_window.set_function(lambda: drift.filled if (drift := window()) else 0)
+class DriftCollector(Collector):
+    """serve_drift_* gauges from the window at scrape time. A threshold is the one in force at the window's fill
+    now (calibrated ones depend on it)."""
+
+    def __init__(self, window: Callable[[], DriftWindow | None]) -> None:
+        self._window = window
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        drift = self._window()
+        values = drift.values() if drift else None
+        statistic = GaugeMetricFamily("serve_drift_statistic", "drift statistic of the server's window (GET /drift)",
+                                      labels=["statistic"])  # fmt: skip
+        threshold = GaugeMetricFamily("serve_drift_threshold", "threshold of each drift statistic",
+                                      labels=["statistic"])  # fmt: skip
+        for name in STATISTICS:
+            statistic.add_metric([name], values[name] if values else math.nan)
+            threshold.add_metric([name], drift.threshold(name) if drift else math.nan)
+        verdict = GaugeMetricFamily("serve_drift_verdict", "1 for the server's drift verdict now", labels=["verdict"])
+        for name in VERDICTS:
+            verdict.add_metric([name], float(drift is not None and drift.verdict == name))
+        filled = GaugeMetricFamily("serve_drift_window_filled", "predictions in the server's drift window",
+                                   value=drift.filled if drift else 0)  # fmt: skip
+        yield from (statistic, threshold, verdict, filled)
 
 
 def log_drift(verdict: str, report: dict[str, Any]) -> None:
-    """Once when this worker's window turns to drift, once when every statistic is back under its recover level."""
+    """Once when the server's window turns to drift, once when every statistic is back under its recover level:
+    logged by the worker whose prediction turned it."""
     n = report["window"]["filled"]
     stats = ", ".join(
         f"{name} {s['value']:.3f} (threshold {s['threshold']}, recover under {s['recover']})"
@@ -100,11 +150,11 @@ def log_drift(verdict: str, report: dict[str, Any]) -> None:
     )
     moved = ", ".join(f"{m['class']} {m['change']:+.1%}" for m in report["moved_most"])
     if verdict == DRIFT:
-        log.warning("drift in the last %d predictions of worker %d: %s; moved most: %s (GET /drift)",
-                    n, os.getpid(), stats, moved)  # fmt: skip
+        log.warning("drift in the last %d predictions of the server (seen by worker %d): %s; moved most: %s "
+                    "(GET /drift)", n, os.getpid(), stats, moved)  # fmt: skip
     else:
-        log.warning("drift over: the last %d predictions of worker %d are back under every recover level: %s",
-                    n, os.getpid(), stats)  # fmt: skip
+        log.warning("drift over: the server's last %d predictions are back under every recover level (seen by "
+                    "worker %d): %s", n, os.getpid(), stats)  # fmt: skip
 
 
 def image_suffix(data: bytes) -> str | None:
@@ -119,23 +169,30 @@ def image_suffix(data: bytes) -> str | None:
 
 
 class ReviewFolder:
-    """Bounded store of low-confidence inputs: at most `max_files` images of at most `max_file_bytes` each."""
+    """Bounded store of low-confidence inputs: at most `max_files` images of at most `max_file_bytes` each. Once
+    the app starts, the count lives in a block every worker of the server maps (serving/shared_memory.py), so
+    the bound is the server's, not each worker's."""
 
     def __init__(self, root: Path, max_files: int, max_file_bytes: int) -> None:
         self.root, self.max_files, self.max_file_bytes = root, max_files, max_file_bytes
-        self._lock = threading.Lock()
-        self._count = self._images()
+        self.share(LocalMemory())
+
+    def share(self, memory: WindowMemory) -> None:
+        """The count kept in `memory` from now on (the server's block, once the app starts), counted afresh."""
+        self._cell = memory.open([("count", "q", 1)])["count"]
+        self._lock = memory.lock()
+        self.recount()
 
     @property
     def count(self) -> int:
-        return self._count
+        return self._cell[0]
 
     def recount(self) -> int:
         """The images in the folder now: `make add-data SRC=<review folder> INTO=...` takes them out while the
         server runs, and a person may delete some."""
         with self._lock:
-            self._count = self._images()
-            return self._count
+            self._cell[0] = self._images()
+            return self._cell[0]
 
     def _images(self) -> int:
         """Images still to review: a hidden folder's (the review page's .discarded/) are decided, not counted."""
@@ -156,9 +213,9 @@ class ReviewFolder:
         with self._lock:
             if target.exists():
                 return "duplicate"
-            if self._count >= self.max_files:
+            if self._cell[0] >= self.max_files:
                 return "full"
-            self._count += 1
+            self._cell[0] += 1
         folder.mkdir(parents=True, exist_ok=True)
         sidecar = target.with_suffix(".json")
         # Time belongs in the sidecar: the review folder is intake, not a versioned artifact.

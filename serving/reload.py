@@ -42,13 +42,13 @@ class Follower:
         """The first load. The generation is read before the files, so a reload asked meanwhile is not lost."""
         self._report(None, None)  # counted from now on: it is loading
         generation = self._current() or 0
-        load(self.slot, self.serve, self.paths, self.metrics)
+        load(self.slot, self.serve, self.paths, self.metrics, self.runtime.shared)
         self._done(generation, self.slot.error)
 
     def reload(self, generation: int) -> None:
         previous = self.slot.info
         try:
-            loaded = prepare(self.serve, self.paths)
+            loaded = prepare(self.serve, self.paths, self.runtime.shared)
         except Exception as exc:  # the old model goes on serving
             error = f"{type(exc).__name__}: {exc}"
             log.error("reload failed, still serving %s: %s", previous, error)

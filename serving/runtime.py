@@ -18,11 +18,14 @@ from typing import Any
 from tasks.core.io import atomic_file
 from tasks.core.paths import Paths
 
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess folder: `python -m serving` sets it
 RUNTIME_ENV = "IMAGEPIPE_SERVE_RUNTIME"  # the folder, from `python -m serving` to the workers uvicorn spawns
 TOKEN = "token"  # the reload token: a request to POST /reload carries it as `Authorization: Bearer <token>`
 GENERATION = "generation"  # how many reloads were asked since start; each worker follows it
 LOCK = "server.lock"  # flock-ed by the server owning the folder for as long as it runs; holds its pid
 WORKERS = "workers"  # <pid>.json per worker: a WorkerReport
+SHARED = "shared"  # the blocks the workers map: drift windows, the review count (serving/shared_memory.py)
+METRICS = "prometheus"  # prometheus_client's multiprocess folder: each worker's counters, summed by /metrics
 
 
 def runtime_folder(paths: Paths, port: int) -> Path:
@@ -120,6 +123,14 @@ class ServerRuntime:
 
     def token_matches(self, candidate: str) -> bool:
         return hmac.compare_digest(candidate.encode(), self._token.encode())  # constant time: no timing oracle
+
+    @property
+    def shared(self) -> Path:
+        return self.folder / SHARED
+
+    @property
+    def metrics(self) -> Path:
+        return self.folder / METRICS
 
     def path(self, name: str) -> Path:
         """A file or folder of this server's own (one name per use), removed with the runtime folder."""

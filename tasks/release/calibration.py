@@ -11,7 +11,7 @@ Pure numpy/stdlib: the torch-free serving venv imports it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +50,17 @@ class Psi:
     with A = sum c ln c, B = sum c ln e, C = sum e ln c, D = sum e, G = sum (e ln e - z), where e is a bin's
     expected share and z = (f - e) ln(f / e) the term of an empty bin (Z_all: summed over every bin)."""
 
-    def __init__(self, expected: Sequence[int]) -> None:
+    def __init__(self, expected: Sequence[int], counts: MutableSequence[int] | None = None,
+                 sums: MutableSequence[float] | None = None) -> None:  # fmt: skip
+        """`counts` (one per bin) and `sums` (5) may be given: arrays a drift window keeps where its workers share
+        them (tasks/release/window_memory.py); else lists of this object's own."""
         self.e = shares(expected)
         self.log_e = [math.log(e) for e in self.e]
         z = [(SHARE_FLOOR - e) * math.log(SHARE_FLOOR / e) for e in self.e]
         self.g = [e * le - zi for e, le, zi in zip(self.e, self.log_e, z, strict=True)]
         self.z_all = math.fsum(z)
-        self.counts = [0] * len(self.e)
-        self._sums = [0.0] * 5  # A, B, C, D, G
+        self.counts = [0] * len(self.e) if counts is None else counts
+        self._sums = [0.0] * 5 if sums is None else sums  # A, B, C, D, G
 
     def _bin(self, i: int, c: int, sign: float) -> None:
         if c == 0:
@@ -78,7 +81,8 @@ class Psi:
 
     def refresh(self) -> None:
         """The sums recomputed from the counts (bounds rounding drift from long runs of updates)."""
-        self._sums = [0.0] * 5
+        for k in range(5):
+            self._sums[k] = 0.0  # in place: the array may be shared
         for i, c in enumerate(self.counts):
             self._bin(i, c, 1.0)
 

@@ -20,19 +20,32 @@ and bench/bench_drift.py measures the rate they give.
 from __future__ import annotations
 
 import math
-import threading
 from bisect import bisect_right
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasks.release.calibration import SHARE_FLOOR, STATISTICS, Psi, shares
 from tasks.release.drift_reference import Reference
 from tasks.release.drift_thresholds import DriftThresholds
+from tasks.release.window_memory import Layout, LocalMemory, WindowMemory
 
 MAX_WINDOW = round(1 / SHARE_FLOOR)  # up to here an observed bin with a count is never under the floor (O(1) PSI)
 OK, DRIFT, NOT_ENOUGH, NO_REFERENCE = "ok", "drift", "not enough data", "no reference"
 VERDICTS = (OK, DRIFT, NOT_ENOUGH, NO_REFERENCE)
+
+
+HEAD, FILLED, ALERT, SINCE_REFRESH = range(4)  # the window's `state` cells
+
+
+def window_layout(classes: int, window: int, bins: Sequence[int]) -> Layout:
+    """A window's arrays: the ring of its predictions (class, top-1 bin, margin bin), its state cells, the counts
+    by class since start and in the window, the top-1 and margin bins, and each statistic's PSI counts and sums
+    (`bins`: each statistic's bin count; none without a reference)."""
+    layout = [("ring", "q", 3 * window), ("state", "q", 4), ("total", "q", classes), ("classes", "q", classes),
+              ("top1", "q", bins[1] if bins else 1), ("margin", "q", bins[2] if bins else 1)]  # fmt: skip
+    for statistic, size in zip(STATISTICS, bins, strict=False):
+        layout += [(f"{statistic}_counts", "q", size), (f"{statistic}_sums", "d", 5)]
+    return layout
 
 
 def psi_terms(observed: Sequence[int], expected: Sequence[int]) -> list[float]:
@@ -41,30 +54,33 @@ def psi_terms(observed: Sequence[int], expected: Sequence[int]) -> list[float]:
 
 
 class DriftWindow:
-    """The last `window` predictions of this process, counted per class and per top-1 / margin bin.
+    """The last `window` predictions, counted per class and per top-1 / margin bin.
 
-    `add` is O(1) under a lock (O(log bins) to bin top-1 and margin). The verdict has hysteresis: it turns
-    `drift` when a statistic crosses its threshold and `ok` again only when every statistic is back under its
-    recover level (RECOVER x a fixed threshold; the 90th percentile of test-like windows when calibrated), so a
-    window that hovers at a threshold neither flaps between verdicts nor warns on every prediction;
-    `on_change(verdict, report)` is called at each of the two turns. Thread-safe: the server's streams call
-    `add`."""
+    `add` is O(1) under the memory's lock (O(log bins) to bin top-1 and margin). The verdict has hysteresis: it
+    turns `drift` when a statistic crosses its threshold and `ok` again only when every statistic is back under
+    its recover level (RECOVER x a fixed threshold; the 90th percentile of test-like windows when calibrated), so
+    a window that hovers at a threshold neither flaps between verdicts nor warns on every prediction;
+    `on_change(verdict, report)` is called at each of the two turns, by the caller whose prediction turned it.
+    Thread-safe: the server's streams call `add`. Its state (a ring of the window's predictions, the counts, the
+    PSI sums, the verdict) lives in `memory` (tasks/release/window_memory.py): this process's by default, or a
+    block every worker of a server maps, so that the window is the server's."""
 
     def __init__(self, classes: Sequence[str], reference: Reference | None, thresholds: DriftThresholds,
-                 on_change: Callable[[str, dict[str, Any]], None] | None = None) -> None:  # fmt: skip
+                 on_change: Callable[[str, dict[str, Any]], None] | None = None,
+                 memory: WindowMemory | None = None) -> None:  # fmt: skip
         if thresholds.window > MAX_WINDOW:
             raise ValueError(f"drift window {thresholds.window} > {MAX_WINDOW}")
         self.classes, self.reference, self.thresholds = tuple(classes), reference, thresholds
         self._on_change = on_change
-        self._lock = threading.Lock()
-        self._recent: deque[tuple[int, int, int]] = deque()
-        self.total = [0] * len(self.classes)  # every prediction since start, by class
-        self._psi = [Psi(reference.counts(s)) for s in STATISTICS] if reference else []
-        self._top1 = [0] * (len(reference.top1_counts) if reference else 1)
-        self._margin = [0] * (len(reference.margin_counts) if reference else 1)
-        self._classes = [0] * len(self.classes)
-        self._alert = False  # drift found, and not yet back under every recover level
-        self._since_refresh = 0
+        memory = memory or LocalMemory()
+        bins = [len(reference.counts(s)) for s in STATISTICS] if reference else []
+        state = memory.open(window_layout(len(self.classes), thresholds.window, bins))
+        self._lock = memory.lock()
+        self._ring, self._state = state["ring"], state["state"]  # state: head, filled, alert, since refresh
+        self.total = state["total"]  # every prediction since start, by class
+        self._classes, self._top1, self._margin = state["classes"], state["top1"], state["margin"]
+        self._psi = [Psi(reference.counts(s), state[f"{s}_counts"], state[f"{s}_sums"])
+                     for s in STATISTICS] if reference else []  # fmt: skip
 
     def add(self, index: int, top1: float, margin: float) -> None:
         ref = self.reference
@@ -72,27 +88,33 @@ class DriftWindow:
         t = bisect_right(ref.top1_edges, top1) if ref else 0
         m = bisect_right(ref.margin_edges, margin) if ref else 0
         changed = False
+        window, ring, state = self.thresholds.window, self._ring, self._state
         with self._lock:
             self.total[index] += 1
-            self._recent.append((index, t, m))
+            head, n = state[HEAD], state[FILLED]
+            slot = 3 * head
+            oldest = (ring[slot], ring[slot + 1], ring[slot + 2]) if n == window else None
+            ring[slot], ring[slot + 1], ring[slot + 2] = index, t, m
             self._move((index, t, m), 1)
-            if len(self._recent) > self.thresholds.window:
-                self._move(self._recent.popleft(), -1)
-            n = len(self._recent)
+            if oldest is not None:
+                self._move(oldest, -1)
+            n = min(n + 1, window)
+            state[HEAD], state[FILLED] = (head + 1) % window, n
             if ref is None or n < self.thresholds.min_predictions:
                 return
-            self._since_refresh += 1
-            if self._since_refresh >= self.thresholds.window:
-                self._since_refresh = 0
+            state[SINCE_REFRESH] += 1
+            if state[SINCE_REFRESH] >= window:
+                state[SINCE_REFRESH] = 0
                 for psi in self._psi:
                     psi.refresh()
             values = self._statistics()
-            if not self._alert and self.thresholds.exceeded(values, n):
-                self._alert = changed = True
-            elif self._alert and self.thresholds.recovered(values, n):
-                self._alert, changed = False, True
+            if not state[ALERT] and self.thresholds.exceeded(values, n):
+                state[ALERT], changed = 1, True
+            elif state[ALERT] and self.thresholds.recovered(values, n):
+                state[ALERT], changed = 0, True
+            alert = bool(state[ALERT])
         if changed and self._on_change is not None:
-            self._on_change(DRIFT if self._alert else OK, self.report())
+            self._on_change(DRIFT if alert else OK, self.report())
 
     def _move(self, entry: tuple[int, int, int], by: int) -> None:
         index, t, m = entry
@@ -110,11 +132,11 @@ class DriftWindow:
             return NO_REFERENCE
         if self.filled < self.thresholds.min_predictions:
             return NOT_ENOUGH
-        return DRIFT if self._alert else OK
+        return DRIFT if self._state[ALERT] else OK
 
     @property
     def filled(self) -> int:
-        return len(self._recent)
+        return self._state[FILLED]
 
     def values(self) -> dict[str, float] | None:
         """Each statistic's value now, or None without a reference."""
@@ -128,17 +150,17 @@ class DriftWindow:
         return self.thresholds.of(statistic, max(self.filled, self.thresholds.min_predictions))
 
     def _statistics(self) -> dict[str, float]:
-        n = len(self._recent)
+        n = self._state[FILLED]
         return {s: psi.value(n) for s, psi in zip(STATISTICS, self._psi, strict=True)}
 
     def report(self) -> dict[str, Any]:
         """What /drift answers: window, per-class shares, each statistic with its threshold, verdict."""
         th = self.thresholds
         with self._lock:
-            n, classes = len(self._recent), list(self._classes)
+            n, classes = self._state[FILLED], list(self._classes)
             top1, margin, total = list(self._top1), list(self._margin), list(self.total)
             values = self._statistics() if self.reference else None
-            alert = self._alert
+            alert = bool(self._state[ALERT])
         ref = self.reference
         report: dict[str, Any] = {
             "window": {"size": th.window, "filled": n, "min_predictions": th.min_predictions},

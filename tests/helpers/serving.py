@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,7 +15,10 @@ from pathlib import Path
 
 import httpx
 import psutil
+import yaml
 
+from serving.runtime import RUNTIME_ENV, ServerRuntime
+from tasks.core.io import sha256_file, write_json
 from tasks.core.params import Params, Paths, ServeParams
 from tests.helpers.prefect import free_port
 from tests.helpers.project import ROOT, TINY, deep_update
@@ -115,3 +120,55 @@ def running_server(
         proc.wait(timeout=20)
         if stderr is not None:
             stderr.close()
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+
+
+def environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in (RUNTIME_ENV, "PYTHONPATH")}
+
+
+def write_params(root: Path, host: str, port: int, workers: int, **serve_fields: object) -> None:
+    serve = {"host": host, "port": port, "workers": workers, "threads": 1, "warmup_runs": 1, "review_dir": "review",
+             **serve_fields}  # fmt: skip
+    paths = {"onnx": "models/model.onnx", "reports": "reports", "baseline": "baseline", "runs": "runs"}
+    (root / "params.yaml").write_text(yaml.safe_dump({"serve": serve, "paths": paths}))
+
+
+@contextmanager
+def served(
+    root: Path, host: str = "127.0.0.1", workers: int = 1, **serve_fields: object
+) -> Iterator[tuple[str, ServerRuntime]]:
+    """`python -m serving` from the serving venv in `root` (its params.yaml; `serve_fields`: more of its `serve`
+    section), once every worker has its model."""
+    port = free_port()
+    write_params(root, host, port, workers, **serve_fields)
+    log = (root / "server.log").open("wb")
+    server = subprocess.Popen([str(serve_python()), "-m", "serving"], cwd=root, stdout=log, stderr=log,
+                              env={**environment(), "PYTHONPATH": str(ROOT)})  # fmt: skip
+    folder = root / "runs" / "serve" / str(port)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (root / "server.log").read_text()[-3000:]
+            reports = ServerRuntime.attach(folder).reports() if (folder / "token").is_file() else []
+            if len(reports) == workers and all(r.generation is not None and r.model for r in reports):
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"{workers} workers not ready in 90 s: {(root / 'server.log').read_text()[-3000:]}")
+        yield base_url(host, port), ServerRuntime.attach(folder)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def promote(root: Path, model: Path) -> str:
+    """`model` as the production model the server resolves (the export's file with its recorded hash)."""
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    shutil.copy(model, root / "models" / "model.onnx")
+    write_json(root / "reports" / "export.json", {"onnx_sha256": sha256_file(model)})
+    return sha256_file(model)
