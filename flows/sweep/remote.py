@@ -62,12 +62,12 @@ def prepare(repo: Path, commit: str, pool: str, git_remote: str, dvc_remote: str
     check_dvc_remote(repo, dvc_remote)
     if not dvc_remotes(repo)[0]:
         raise PlacementError(
-            f"sweep.pool {pool!r} sends trials to other machines, which pull their inputs from a DVC remote: "
-            "`dvc remote add -d storage <url>`, committed in .dvc/config"
+            f"sweep.pool {pool!r} needs a DVC remote every machine reaches: "
+            "`dvc remote add -d storage <url>`, committed"
         )
     if not on_remote_branch(repo, commit, git_remote):
-        raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it "
-                             "first; the workers check it out from there")  # fmt: skip
+        raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it first; "
+                             f"the {pool} machine checks it out from there")  # fmt: skip
     _deployment_exists(DEPLOYMENT.format(pool=pool))
     dvc_move(repo, "push", remote=dvc_remote, log=log)
     server = uri if uri.startswith(("http://", "https://")) else None
@@ -85,8 +85,8 @@ def _deployment_exists(name: str) -> None:
             client.read_deployment_by_name(name)
     except ObjectNotFound:
         raise PlacementError(
-            f"sweep.pool names a pool with no deployment {name}: add one to prefect.yaml (like sweep-trial/trials) "
-            "and `make prefect-deploy`"
+            f"sweep.pool is {name.split('/')[1]!r}, but there is no deployment {name}: add one to prefect.yaml (like "
+            f"{DEPLOYMENT.format(pool='trials')}) and `make prefect-deploy`"
         ) from None
 
 

@@ -61,10 +61,7 @@ def open_storage(url: str, journal: Path, heartbeat_s: int) -> BaseStorage:
         )
     except Exception as exc:  # noqa: BLE001 - SQLAlchemy's OperationalError, a missing driver, a refused login
         said = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise StorageUnreachable(
-            f"sweep.storage {masked(url)} cannot be reached ({said}); start the database or fix the URL "
-            "(its password: ~/.pgpass or PGPASSWORD)"
-        ) from None
+        raise StorageUnreachable(f"sweep.storage {masked(url)} cannot be reached: {said}") from None
 
 
 def fail_stale(study: optuna.Study) -> list[int]:

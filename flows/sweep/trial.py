@@ -123,8 +123,7 @@ def pull_inputs(copy: Path, remote: str | None, log: Callable[[str], None]) -> N
     missing = [path for path in outs if not (copy / path).exists()] or ["(see DVC's words)"]
     said = (proc.stderr or proc.stdout).strip().splitlines()
     raise RuntimeError(
-        f"inputs missing on this worker: {', '.join(missing[:6])}: `dvc pull` from the DVC remote failed "
-        f"({said[-1][:300] if said else proc.returncode}); give this machine's clone the project's DVC remote"
+        f"inputs missing on this worker: {', '.join(missing[:6])} (`dvc pull`: {said[-1][:300] if said else ''})"
     )
 
 

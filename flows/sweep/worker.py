@@ -40,7 +40,7 @@ def _committed_sweep(repo: Path, commit: str) -> SweepParams:
     raw = yaml.safe_load(git(repo, "show", f"{commit}:{PARAMS_FILE.as_posix()}")) or {}
     sweep = SweepParams.model_validate(raw.get("sweep") or {})
     if not sweep.storage:
-        raise PlacementError(f"params.yaml at {commit[:12]} has no sweep.storage: a trial on another machine "
+        raise ValueError(f"params.yaml at {commit[:12]} has no sweep.storage: a trial on another machine "
                              "reports to the study's database")  # fmt: skip
     return sweep
 
@@ -65,7 +65,7 @@ def sweep_trial_flow(
     check_git_remote(repo, git_remote)
     check_dvc_remote(repo, dvc_remote)
     if tracking_uri is not None and not tracking_uri.startswith(("http://", "https://")):
-        raise PlacementError(f"tracking_uri {tracking_uri!r} is not a tracking server's http(s) URL")
+        raise ValueError(f"tracking_uri {tracking_uri!r} is not a tracking server's http(s) URL")
     if not on_remote_branch(repo, commit, git_remote):
         raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r} (fetched into {repo})")
     sweep = _committed_sweep(repo, commit)
@@ -73,10 +73,10 @@ def sweep_trial_flow(
     found = optuna.load_study(study_name=study, storage=storage, pruner=pruner(sweep, epochs))
     frozen = next((t for t in found.get_trials(deepcopy=False) if t.number == number), None)
     if frozen is None or frozen.state != optuna.trial.TrialState.RUNNING:
-        raise PlacementError(f"study {study!r} has no running trial {number}")
+        raise ValueError(f"study {study!r} has no running trial {number}")
     unknown = sorted(set(frozen.params) - set(sweep.space))
     if unknown:
-        raise PlacementError(f"trial {number} sets {', '.join(unknown)}, not in the commit's sweep.space")
+        raise ValueError(f"trial {number} sets {', '.join(unknown)}, not in the commit's sweep.space")
     trial = optuna.Trial(found, frozen._trial_id)  # the running trial itself (Optuna's ask/tell has no public way)
     name = trial_name(study, frozen)
     result = TrialResult(number=number, name=name, values=dict(frozen.params), seed=None)

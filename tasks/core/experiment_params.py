@@ -87,11 +87,7 @@ class SweepParams(_Section):
     @model_validator(mode="after")
     def _where(self) -> SweepParams:
         if self.storage and not _DATABASE_URL.match(self.storage):
-            raise ValueError(
-                f"sweep.storage {self.storage!r} is not a database URL: give postgresql://user@host:5432/db, or "
-                "leave it empty for the journal under runs/sweep/"
-            )
+            raise ValueError(f"sweep.storage {self.storage!r} is not a database URL (postgresql://user@host:5432/db)")
         if self.pool and not self.storage:
-            raise ValueError(f"sweep.pool {self.pool!r} needs sweep.storage, a database URL every machine reaches: "
-                             "the journal file under runs/sweep/ is on this machine only")  # fmt: skip
+            raise ValueError(f"sweep.pool {self.pool!r} needs sweep.storage: a database every machine reaches")
         return self

@@ -41,7 +41,7 @@ def test_sweep_storage_is_a_database_url_and_a_pool_needs_one(tmp_path: Path) ->
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     for sweep, words in (
         ({"storage": "runs/sweep/studies.db"}, "sweep.storage 'runs/sweep/studies.db' is not a database URL"),
-        ({"pool": "trials"}, "sweep.pool 'trials' needs sweep.storage, a database URL every machine reaches"),
+        ({"pool": "trials"}, "sweep.pool 'trials' needs sweep.storage: a database every machine reaches"),
         ({"heartbeat_s": 0}, "heartbeat_s"),
     ):
         raw["sweep"] = {**raw["sweep"], **sweep}
@@ -108,5 +108,5 @@ def test_a_worker_whose_dvc_remote_lacks_the_inputs_fails_the_trial_naming_them(
     lines: list[str] = []
     run_trial(worker, worker / "runs", result, commit=head, env={}, report=None, log=lines.append, pull=True)
     assert result.state == "failed", result
-    assert result.message.startswith("RuntimeError: inputs missing on this worker: shards.txt: `dvc pull`"), result
+    assert result.message.startswith("RuntimeError: inputs missing on this worker: shards.txt (`dvc pull`"), result
     assert not [p for p in (worker / "runs").iterdir()]  # its copy removed
