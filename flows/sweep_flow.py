@@ -2,8 +2,10 @@
 
 Each trial is a DVC experiment, `dvc exp run -n <study>-t<number> -S key=value ...`, run by a Prefect task in its
 own temporary copy of this repository at HEAD (flows/sweep/trial.py), at most `parallel` at once (the flow's
-task runner). A trial reports each epoch's validation accuracy; the pruner (flows/sweep/study.py) may stop it
-there. The study lives in Optuna's journal under runs/sweep/, so the same command resumes a killed sweep: the
+task runner); with `sweep.pool` set, on that Prefect pool's workers, each in its machine's clone
+(flows/sweep/remote.py and worker.py). A trial reports each epoch's validation accuracy; the pruner
+(flows/sweep/study.py) may stop it there. The study lives in Optuna's journal under runs/sweep/ (or in
+`sweep.storage`'s database: flows/sweep/storage.py), so the same command resumes a killed sweep: the
 finished and pruned trials are kept, the ones that were running are retried. `sweep.trials` is the study's size,
 counted in finished and pruned trials.
 

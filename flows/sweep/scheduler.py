@@ -1,7 +1,9 @@
 """The sweep's scheduler: Optuna asks for values, each becomes a trial (a Prefect task running
 flows/sweep/trial.py), at most sweep.parallel at once, until the study has sweep.trials finished or pruned
 trials; each ended trial is told back to the study. A failed trial is replaced; MAX_FAILURES_IN_A_ROW in a
-row stop the sweep (a broken pipeline fails every trial)."""
+row stop the sweep (a broken pipeline fails every trial). With sweep.pool set, a trial's task dispatches it to
+that pool's workers instead (flows/sweep/remote.py); with sweep.storage a database, running trials beat, and
+the ones whose heartbeat stopped are failed and their values asked again (flows/sweep/storage.py)."""
 
 from __future__ import annotations
 
