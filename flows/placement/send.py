@@ -106,7 +106,7 @@ def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
     return commit
 
 
-def _warn_if_nobody_serves(pool: str) -> None:
+def warn_if_nobody_serves(pool: str) -> None:
     from prefect.client.orchestration import get_client
 
     try:
@@ -163,7 +163,7 @@ def placed_stage(
     with dvc_locked(repo):  # a stage running here may be writing dvc.lock right now
         files = {name: (repo / name).read_text() for name in SENT if (repo / name).is_file()}
     deployment = DEPLOYMENT.format(pool=pool)
-    _warn_if_nobody_serves(pool)
+    warn_if_nobody_serves(pool)
     try:
         child = run_deployment(
             deployment, timeout=None, as_subflow=True,

@@ -31,6 +31,7 @@ from prefect.exceptions import ObjectNotFound
 from flows.placement import PlacementError, check_dvc_remote, check_git_remote
 from flows.placement.git import on_remote_branch
 from flows.placement.protocol import dvc_move
+from flows.placement.send import warn_if_nobody_serves
 from flows.shell import stream
 from flows.stage import dvc_command
 from flows.sweep.trial import TrialResult
@@ -69,6 +70,7 @@ def prepare(repo: Path, commit: str, pool: str, git_remote: str, dvc_remote: str
         raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it first; "
                              f"the {pool} machine checks it out from there")  # fmt: skip
     _deployment_exists(DEPLOYMENT.format(pool=pool))
+    warn_if_nobody_serves(pool)  # trials wait for a worker; the warning says how to start one
     dvc_move(repo, "push", remote=dvc_remote, log=log)
     server = uri if uri.startswith(("http://", "https://")) else None
     if server is None:
