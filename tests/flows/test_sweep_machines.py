@@ -15,7 +15,7 @@ from tasks.release import tracking
 from tests.helpers.project import dvc
 from tests.helpers.sweep_machines import sweep_machines
 
-pytestmark = pytest.mark.slow  # about 6 minutes on 2 cores: 4 trials of a tiny pipeline, two at a time
+pytestmark = pytest.mark.slow  # about 4 minutes on 2 cores: 4 trials of a tiny pipeline, two at a time
 
 
 def test_a_sweep_of_four_trials_over_two_workers_in_two_clones(tmp_path: Path) -> None:
