@@ -174,6 +174,8 @@ def figure_markdown(base: str, report: dict[str, Any], png: bytes | None) -> str
             for name, s in report.get("statistics", {}).items()
         ],
         f"- {review_line}",
+        *[f"- replica {r['url']}: {r['verdict']} over {r['filled']} predictions" for r in report.get("replicas", [])],
+        *[f"- **replica {u['url']} NOT READ**: {u['why']}" for u in report.get("unreadable", [])],
         "",
     ]
     if png is not None:
@@ -184,12 +186,13 @@ def figure_markdown(base: str, report: dict[str, Any], png: bytes | None) -> str
 
 
 def publish_drift(base: str, report: dict[str, Any]) -> None:
-    """The table (statistics and per-class shares) and the Markdown artifact with the figure."""
+    """The table (statistics and per-class shares) and the Markdown artifact with the figure. A merged report with
+    replicas left out (flows/drift_replicas.py) names them, and its figure counts as an unread night."""
     png = drift_figure(report) if "statistics" in report else None
     create_table_artifact(table_rows(report) or [{"what": "verdict", "value": report["verdict"]}], key=TABLE_KEY,
                           description=f"drift of {base}/drift: {summary(report)}")  # fmt: skip
-    create_markdown_artifact(figure_markdown(base, report, png), key=FIGURE_KEY,
-                             description=f"drift of {base}: expected against observed")  # fmt: skip
+    description = UNREAD_DESCRIPTION if report.get("unreadable") else f"drift of {base}: expected against observed"
+    create_markdown_artifact(figure_markdown(base, report, png), key=FIGURE_KEY, description=description)
 
 
 def publish_unavailable(base: str, why: str) -> None:
@@ -206,12 +209,13 @@ def _same_server(server: object, base: str, allowed: Sequence[str]) -> bool:
         return False
 
 
-def unread_nights(base: str, allowed: Sequence[str], limit: int) -> int:
+def unread_nights(base: str, allowed: Sequence[str], limit: int, server: str | None) -> int:
     """The runs in a row, this one included (it could not read `base`), that could not read the server; at most
     `limit` (regression.drift_unreadable_nights). Called from a regression-flow run.
 
     The earlier runs are this flow's runs of the same deployment (or, run without one, of no deployment) that
-    asked for the same server, newest first, read back from the Prefect API. A run could not read it when its
+    asked for the same server (`server`, the run's parameter; None: the ones without it, which read
+    regression.drift_urls), newest first, read back from the Prefect API. A run could not read it when its
     drift artifact is the NOT READ one, and read it when it is a figure. The artifact belongs to the run whatever
     state the run ended in (Completed, no baseline, a regression, a crash after the read), where its state's
     name or message would not tell. A run that never came to the read (no artifact) counts neither way.
@@ -228,7 +232,8 @@ def unread_nights(base: str, allowed: Sequence[str], limit: int) -> int:
         earlier = client.read_flow_runs(flow_filter=FlowFilter(id=FlowFilterId(any_=[run.flow_id])),
                                         flow_run_filter=earlier_runs, sort=FlowRunSort.START_TIME_DESC,
                                         limit=LOOKBACK_RUNS)  # fmt: skip
-        asked = [r.id for r in earlier if _same_server(r.parameters.get("server"), base, allowed)]
+        asked = [r.id for r in earlier if (_same_server(r.parameters.get("server"), base, allowed) if server
+                                           else r.parameters.get("server") is None)]  # fmt: skip
         if not asked:
             return 1
         of_runs = ArtifactFilter(

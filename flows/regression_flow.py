@@ -38,6 +38,7 @@ from flows.drift import (
     unread_message,
     unread_nights,
 )
+from flows.drift_replicas import merge, read_replicas
 from flows.shell import flow_run_url, refuse_overriding_env
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.paths import BASELINE_METRICS
@@ -112,6 +113,23 @@ def server_drift(base: str) -> tuple[dict[str, Any] | None, str]:
     return report, ""
 
 
+def replicas_drift(label: str, bases: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """Every replica's /drift merged into one report and its artifacts (flows/drift_replicas.py): (the report,
+    why any replica was left out, or "") or, when none could be merged, (None, why) and the NOT READ artifact."""
+    logger = get_run_logger()
+    read, unreadable = read_replicas(bases)
+    try:
+        report = merge(read, unreadable)
+    except DriftUnavailable as exc:
+        logger.warning("drift not read: %s; the regression check runs without it", exc)
+        publish_unavailable(label, str(exc))
+        return None, str(exc)
+    publish_drift(label, report)
+    why = "; ".join(f"replica {u['url']} left out: {u['why']}" for u in report["unreadable"])
+    logger.info("drift of %s: %s%s", label, summary(report), f"; {why}" if why else "")
+    return report, why
+
+
 def _drift_attention(base: str | None, drift: dict[str, Any] | None, unread: str | None, checked: str) -> State | None:
     """The state a run whose regression check did not fail ends in when the server's drift needs attention (None:
     it does not): Drift on the server's verdict drift, DriftUnread on `unread`; `checked` says what the regression
@@ -138,12 +156,14 @@ def regression_flow(revision: str | None = None, server: str | None = None) -> d
     repo = Path.cwd()
     params = load_params(repo / PARAMS_FILE)
     regression = params.regression
-    base = checked_server(server, regression.drift_servers) if server else None
-    drift, why = server_drift(base) if base else (None, "")
+    allowed = (*regression.drift_servers, *regression.drift_urls)
+    bases = [checked_server(url, allowed) for url in ([server] if server else regression.drift_urls)]
+    base = bases[0] if len(bases) == 1 else f"replicas {', '.join(bases)}" if bases else None
+    drift, why = (server_drift(base) if len(bases) == 1 else replicas_drift(base, bases)) if base else (None, "")
     drifted = drift is not None and drift["verdict"] == "drift"
     unread = None  # the DriftUnread message, once the server went unread on drift_unreadable_nights runs in a row
-    if base is not None and drift is None:
-        nights = unread_nights(base, regression.drift_servers, regression.drift_unreadable_nights)
+    if base is not None and (drift is None or drift.get("unreadable")):
+        nights = unread_nights(base, allowed, regression.drift_unreadable_nights, server)
         logger.info("drift of %s not read on %d run(s) in a row (DriftUnread at %d)", base, nights,
                     regression.drift_unreadable_nights)  # fmt: skip
         if nights >= regression.drift_unreadable_nights:

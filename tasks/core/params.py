@@ -400,6 +400,11 @@ class RegressionParams(Section):
         (),
         description="servers (http[s]://host[:port]) regression-flow may read /drift from, besides 127.0.0.1/localhost",
     )
+    drift_urls: tuple[str, ...] = Field(
+        (),
+        description="replicas (http[s]://host[:port]) whose /drift regression-flow merges into one verdict, PSI on "
+        "their summed window counts; empty: only the server its `server` parameter names, if any",
+    )
     drift_unreadable_nights: int = Field(
         3,
         ge=1,

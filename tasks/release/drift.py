@@ -173,13 +173,16 @@ class DriftWindow:
         observed = [c / n if n else 0.0 for c in classes]
         expected = [c / ref.num_samples for c in ref.class_counts]
         terms = psi_terms(classes, ref.class_counts)
-        per_class = [{"class": name, "observed": round(o, 4), "expected": round(e, 4), "contribution": round(t, 4)}
-                     for name, o, e, t in zip(self.classes, observed, expected, terms, strict=True)]  # fmt: skip
+        per_class = [{"class": name, "observed": round(o, 4), "expected": round(e, 4), "contribution": round(t, 4),
+                      "count": c, "expected_count": r}
+                     for name, o, e, t, c, r in zip(self.classes, observed, expected, terms, classes, ref.class_counts,
+                                                    strict=True)]  # fmt: skip
         at = max(n, th.min_predictions)
         verdict = NOT_ENOUGH if n < th.min_predictions else DRIFT if alert else OK
         over = th.exceeded(values, at) if verdict != NOT_ENOUGH else []
         statistics = {s: {"value": round(values[s], 4), "threshold": round(th.of(s, at), 4), "exceeded": s in over,
-                          "recover": round(th.limits[s].recover_at(at), 4), "source": th.limits[s].source}
+                          "recover": round(th.limits[s].recover_at(at), 4), "source": th.limits[s].source,
+                          "curve": [th.limits[s].a, th.limits[s].b]}
                       for s in STATISTICS}  # fmt: skip
         moved = sorted(per_class, key=lambda row: -abs(row["observed"] - row["expected"]))[:3]
         return {
