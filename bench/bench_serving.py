@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_serving.py                          # untrained resnet18, 64x64, 10 classes
     .venv/bin/python bench/bench_serving.py --server-python .venv-serve/bin/python   # the lean serving venv
     .venv/bin/python bench/bench_serving.py --onnx models/model.onnx --export-report reports/export.json
+    .venv/bin/python bench/bench_serving.py --workers 1 2     # python -m serving at serve.workers 1 and 2
 
 For each configuration (`name:streams,threads,max_batch`; default "one stream" = 1,1,1, the server as it
 was before streams and batching, and "default" = params.yaml's serve section) a real uvicorn is
@@ -12,6 +13,10 @@ body (Content-Type image/jpeg), from an aiohttp client in this process (it share
 server); the server's /metrics give the mean images per onnxruntime call. Last, the drift
 bookkeeping of one prediction (the per-class counter and the window's update) is timed alone and
 set against a c=8 request's server CPU time.
+
+With --workers, `python -m serving` runs at each serve.workers instead (bench/serving_workers.py): c=8
+throughput, server CPU per request over all its processes, /metrics' count, and the drift window's add in
+this process's memory against a file every worker maps.
 
 Beside them, the same uploads without HTTP, in this process: decode + resize + normalise + run on
 one onnxruntime session, (a) one after another with one thread (the latency floor of one request)
@@ -35,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.serving_inputs import images, untrained_model  # noqa: E402
 from bench.serving_load import ROUTES, Config, bare, run_server  # noqa: E402
+from bench.serving_workers import report_workers  # noqa: E402
 from serving.app import stream_count  # noqa: E402
 from serving.monitoring import Metrics  # noqa: E402
 from tasks.core.params import DriftParams, ServeParams  # noqa: E402
@@ -79,6 +85,7 @@ def main() -> None:
     default = Config("default", stream_count(serve), serve.threads, serve.max_batch)
     parser.add_argument("--config", type=Config.parse, nargs="+", metavar="NAME:STREAMS,THREADS,MAX_BATCH",
                         default=[Config("one stream", 1, 1, 1), default])  # fmt: skip
+    parser.add_argument("--workers", type=int, nargs="+", help="run python -m serving at these serve.workers")
     args = parser.parse_args()
     data = images(50)
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -87,6 +94,9 @@ def main() -> None:
         # low_confidence 0: an untrained model is unsure of everything, and the review folder is not under test.
         serve = {"low_confidence": 0.0, "review_dir": str(tmp / "review"), "max_body_bytes": 10 * 2**20}
         paths = {"onnx": str(onnx), "reports": str(report.parent), "baseline": str(tmp / "no-baseline")}
+        if args.workers:
+            report_workers(args, serve, {**paths, "reports": str(report.parent)}, data, tmp, onnx)
+            return
         print(f"model {onnx.name}, {args.requests} requests per level, {os.cpu_count()} cores, server python "
               f"{args.server_python}, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
         servers = {config: run_server(args, config, serve, paths, data) for config in args.config}

@@ -14,10 +14,9 @@ import pytest
 from flows.drift_replicas import merge
 from tasks.release.drift import DriftWindow
 from tasks.release.drift_thresholds import DriftThresholds
-from tests.flows.test_nightly_drift import DriftServer, drift_server, nightly  # noqa: F401 - a fixture
+from tests.helpers.drift import CLASSES, DriftServer, confident, feed, nightly, reference_of
 from tests.helpers.prefect import api_artifacts, free_port
 from tests.helpers.project import write_params
-from tests.serving.test_drift import CLASSES, confident, feed, reference_of
 
 THRESHOLDS = DriftThresholds.fixed(window=500, min_predictions=200, value=0.25)
 MODEL = {"sha256": "ab" * 32, "source": "production", "version": "production-abab"}
@@ -58,7 +57,7 @@ def test_a_replica_serving_another_model_is_left_out_and_named() -> None:
 
 
 def test_the_nightly_merges_replicas_names_one_down_and_counts_the_night_unread(
-    drift_server: DriftServer,  # noqa: F811 - the fixture
+    drift_server: DriftServer,
     tmp_path: Path,
     prefect_api: None,
 ) -> None:

@@ -10,7 +10,6 @@ hand-made promoted ONNX model: which state each night ends in, with and without 
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import subprocess
@@ -28,46 +27,13 @@ import pytest
 
 from tasks.core.io import sha256_file, write_json
 from tasks.core.params import DriftParams
+from tests.helpers.drift import DriftServer, nightly
 from tests.helpers.export import make_shards
 from tests.helpers.prefect import VENV, api_artifacts, free_port, production_project
 from tests.helpers.project import env_with_venv, write_params
 from tests.helpers.serving import running_server
 
 CALIBRATED = "calibrated at export: false-alarm rate 0.01 per window"
-
-
-class DriftServer:
-    """A real HTTP server on 127.0.0.1 whose GET /drift answers `report` (JSON, 200), or 503 when it is None."""
-
-    def __init__(self) -> None:
-        self.report: dict[str, Any] | None = None
-        owner = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - the handler's protocol
-                body = json.dumps(owner.report).encode() if owner.report is not None else b'{"detail": "not ready"}'
-                self.send_response(200 if owner.report is not None and self.path == "/drift" else 503)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_port}"
-
-
-@pytest.fixture
-def drift_server() -> Iterator[DriftServer]:
-    server = DriftServer()
-    threading.Thread(target=server.httpd.serve_forever, daemon=True).start()
-    try:
-        yield server
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
 
 
 def drift_report(verdict: str) -> dict[str, Any]:
@@ -126,14 +92,6 @@ def promoted_project(prefect_api: None, tmp_path_factory: pytest.TempPathFactory
     write_json(repo / "baseline" / "model.json", {"onnx_sha256": sha256_file(onnx_path)})
     write_json(repo / "baseline" / "metrics.json", score_split(OnnxModel.load(onnx_path), shards))
     return repo
-
-
-def nightly(repo: Path, server: str | None = None) -> Any:
-    """One night: regression-flow run in-process in `repo` (its working directory), its final state."""
-    from flows.regression_flow import regression_flow
-
-    with contextlib.chdir(repo):
-        return regression_flow(server=server, return_state=True)
 
 
 def trigger_fires_on(state: Any) -> bool:

@@ -18,39 +18,17 @@ from tasks.release.drift_reference import (
     Reference,
     build_reference,
     reference_json,
-    top1_and_margin,
 )
 from tasks.release.drift_thresholds import DriftThresholds, Threshold
+from tests.helpers.drift import CLASSES, confident, feed, reference_of
 
-CLASSES = ("cat", "dog", "fox", "owl")
 THRESHOLDS = DriftThresholds.fixed(window=400, min_predictions=200, value=0.25)
-
-
-def confident(rng: np.random.Generator, n: int, classes: list[int], sharpness: float = 4.0) -> np.ndarray:
-    """Probabilities (n, 4) of a model that picks classes[i] with some confidence."""
-    logits = rng.normal(size=(n, len(CLASSES)))
-    logits[np.arange(n), classes] += sharpness + rng.normal(size=n)
-    e = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
-def reference_of(probs: np.ndarray) -> Reference:
-    meta = {REFERENCE_KEY: reference_json(build_reference(probs, CLASSES))}
-    ref = Reference.from_metadata(meta, CLASSES, "model.onnx")
-    assert ref is not None
-    return ref
 
 
 @pytest.fixture
 def test_split() -> np.ndarray:
     rng = np.random.default_rng(0)
     return confident(rng, 1000, list(rng.integers(0, 4, 1000)))
-
-
-def feed(window: DriftWindow, probs: np.ndarray) -> None:
-    top1, margin = top1_and_margin(probs)
-    for row, t, m in zip(probs, top1, margin, strict=True):
-        window.add(int(row.argmax()), float(t), float(m))
 
 
 def test_the_reference_holds_the_test_splits_class_mix_and_equal_mass_bins(test_split: np.ndarray) -> None:

@@ -12,7 +12,7 @@ import pytest
 from serving.shared_memory import SharedBlockError, SharedFile
 from tasks.release.drift import DriftWindow
 from tasks.release.drift_thresholds import DriftThresholds
-from tests.serving.test_drift import CLASSES, confident, feed, reference_of
+from tests.helpers.drift import CLASSES, confident, feed, reference_of
 
 WINDOW = DriftThresholds.fixed(window=1000, min_predictions=200, value=0.25)
 
