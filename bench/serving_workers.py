@@ -73,7 +73,8 @@ def run_workers(args: argparse.Namespace, workers: int, serve: dict, paths: dict
     project, port = tmp / f"workers-{workers}", free_port()
     project.mkdir()
     settings = {**serve, "host": "127.0.0.1", "port": port, "workers": workers}
-    (project / "params.yaml").write_text(yaml.safe_dump({"serve": settings, "paths": {**paths, "runs": "runs"}}))
+    absolute = {key: str(Path(value).resolve()) for key, value in paths.items()}  # the server runs in `project`
+    (project / "params.yaml").write_text(yaml.safe_dump({"serve": settings, "paths": {**absolute, "runs": "runs"}}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
     server = subprocess.Popen([str(Path(args.server_python).absolute()), "-m", "serving"], cwd=project, env=env,
