@@ -1,21 +1,25 @@
 """The issue's check of a sweep over machines: 4 trials over two Prefect workers, each in a clone of its own, the
 study in a real PostgreSQL, the runs in a real MLflow tracking server. Both workers ran trials; `dvc exp show` in
 the study's checkout lists all 4 (each pushed by its worker, pulled by the study); MLflow holds one parent run with
-the 4 trials as children. Its fast parts (the database, heartbeats, refusals): tests/flows/test_sweep_storage.py."""
+the 4 trials as children. And a worker killed mid-trial: its trial is failed by its heartbeat and rerun on the
+other. The fast parts (the database, heartbeats, refusals): tests/flows/test_sweep_storage.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 
 from flows.sweep import report
+from flows.sweep.storage import retry_of
 from tasks.release import tracking
+from tests.helpers.prefect import Production, kill_worker_and_its_runs
 from tests.helpers.project import dvc
 from tests.helpers.sweep_machines import sweep_machines
 
-pytestmark = pytest.mark.slow  # about 4 minutes on 2 cores: 4 trials of a tiny pipeline, two at a time
+pytestmark = pytest.mark.slow  # about 4 minutes each on 2 cores: a tiny pipeline's trials on two workers
 
 
 def test_a_sweep_of_four_trials_over_two_workers_in_two_clones(tmp_path: Path) -> None:
@@ -41,3 +45,34 @@ def test_a_sweep_of_four_trials_over_two_workers_in_two_clones(tmp_path: Path) -
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
         assert sorted(r.data.tags.get("sweep.trial") for r in children) == [f"spread:{n}" for n in range(4)]
         assert parent.data.tags["sweep.best"].startswith("spread-t00")
+
+
+def test_a_trial_whose_worker_dies_is_failed_by_its_heartbeat_and_rerun_on_the_other(tmp_path: Path) -> None:
+    """The machine running trial 0 dies (its worker, flow run and training SIGKILLed): its heartbeat stops, the
+    study fails it after three heartbeats, cancels its flow run and asks for its values again; the other worker
+    runs them, and the study ends with its 2 trials."""
+    with sweep_machines(tmp_path, workers=2, heartbeat_s=2) as machines:
+        sweep = machines.start_sweep(trials=2, parallel=1, study="dies")
+        deadline = time.monotonic() + 600
+        while not (busy := [w for w in machines.workers if "[train] epoch 1:" in _log(w)]):
+            assert sweep.poll() is None and time.monotonic() < deadline, "no trial reached epoch 1"
+            time.sleep(1)
+        (dead,) = busy
+        kill_worker_and_its_runs(Path(dead.env["PREFECT_HOME"]))
+        out, _ = sweep.communicate(timeout=900)
+        assert sweep.returncode == 0, out[-5000:]
+        assert "stopped beating" in out, out[-5000:]
+
+        study = optuna.load_study(study_name="dies", storage=machines.storage)
+        trials = {t.number: t for t in study.get_trials()}
+        assert [t.state.name for t in trials.values()] == ["FAIL", "COMPLETE", "COMPLETE"], out[-5000:]
+        assert retry_of(study, 1) == 0 and trials[1].params == trials[0].params  # trial 0's values, run again
+        (alive,) = [w for w in machines.workers if w is not dead]
+        assert {trials[n].user_attrs["checkout"].split(":", 1)[1] for n in (1, 2)} == {str(alive.repo)}
+        shown = dvc("exp", "show", "--json", cwd=machines.study.repo).stdout
+        assert '"dies-t001"' in shown and '"dies-t002"' in shown and '"dies-t000"' not in shown
+
+
+def _log(machine: Production) -> str:
+    path = Path(machine.env["PREFECT_HOME"]) / "worker.log"
+    return path.read_text(errors="replace") if path.is_file() else ""

@@ -39,10 +39,16 @@ class Machines:
 
     def sweep(self, trials: int, parallel: int, study: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
         """`make sweep`'s command in the study's checkout, on the shared Prefect server and MLflow server."""
-        env = {**self.study.env, "MLFLOW_TRACKING_URI": self.tracking, "PREFECT_LOGGING_LEVEL": "INFO"}
+        proc = self.start_sweep(trials, parallel, study)
+        out, _ = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+    def start_sweep(self, trials: int, parallel: int, study: str) -> subprocess.Popen[str]:
+        env = {**self.study.env, "MLFLOW_TRACKING_URI": self.tracking}
         command = [sys.executable, "-m", "flows.sweep_flow", "--trials", str(trials), "--parallel", str(parallel),
                    "--study", study]  # fmt: skip
-        return subprocess.run(command, cwd=self.study.repo, env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.Popen(command, cwd=self.study.repo, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -90,12 +96,13 @@ def study_project(root: Path, sweep: dict[str, Any]) -> Path:
 
 
 @contextlib.contextmanager
-def sweep_machines(work: Path, workers: int, cores: list[set[int]] | None = None) -> Iterator[Machines]:
+def sweep_machines(work: Path, workers: int, cores: list[set[int]] | None = None,
+                   heartbeat_s: int = 10) -> Iterator[Machines]:  # fmt: skip
     """`workers` clones with a worker each; `cores`: the CPUs each worker (and so its trials) may use."""
     remote_git, remote_dvc = work / "remote.git", work / "dvc-remote"
     sh(["git", "init", "-q", "--bare", str(remote_git)], cwd=work)
     with postgres_server() as storage, mlflow_server(work / "mlflow") as tracking:
-        repo = study_project(work, {"storage": storage, "heartbeat_s": 10})
+        repo = study_project(work, {"storage": storage, "heartbeat_s": heartbeat_s})
         dvc("remote", "add", "-d", "storage", str(remote_dvc), cwd=repo)
         dvc("repro", cwd=repo)
         commit(repo, "the run record; its sweep over machines")
