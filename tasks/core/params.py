@@ -420,7 +420,7 @@ class DriftParams(Section):
     as drift in at most `false_alarm_rate` of windows, whatever the number of classes; a number given for a
     statistic here is used as it is instead (null: calibrated)."""
 
-    window: int = Field(500, ge=10, le=10_000, description="predictions in the sliding window, shared by the uvicorn workers")
+    window: int = Field(500, ge=10, le=10_000, description="predictions in the sliding window (all workers)")
     min_predictions: int = Field(200, ge=10, description="fewer predictions in the window: 'not enough data'")
     false_alarm_rate: float = Field(
         0.01, gt=0, lt=0.5, description="share of windows of test-like traffic that may read as drift (calibrated)"
