@@ -1,9 +1,10 @@
 """The sweep's scheduler: Optuna asks for values, each becomes a trial (a Prefect task running
 flows/sweep/trial.py), at most sweep.parallel at once, until the study has sweep.trials finished or pruned
 trials; each ended trial is told back to the study. A failed trial is replaced; MAX_FAILURES_IN_A_ROW in a
-row stop the sweep (a broken pipeline fails every trial). With sweep.pool set, a trial's task dispatches it to
-that pool's workers instead (flows/sweep/remote.py); with sweep.storage a database, running trials beat, and
-the ones whose heartbeat stopped are failed and their values asked again (flows/sweep/storage.py)."""
+row (on every worker, over machines) stop the sweep (a broken pipeline fails every trial). With sweep.pool
+set, a trial's task dispatches it to that pool's workers instead (flows/sweep/remote.py); with sweep.storage
+a database, running trials beat, and the ones whose heartbeat stopped are failed and their values asked again
+(flows/sweep/storage.py)."""
 
 from __future__ import annotations
 
@@ -113,6 +114,9 @@ def run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
     running: dict[int, tuple[optuna.Trial, Any]] = {}
     results: list[TrialResult] = []
     failures = 0  # in a row: a failed trial is replaced, but not forever
+    # Over machines, in a row on every worker: one whose clone lacks the DVC remote fails each trial it takes,
+    # while the others run theirs (a worker not heard from yet does not count)
+    streaks: dict[str, int] = {}
     checked = time.monotonic()
     while counted(study) + len(running) < sweep.trials or running:
         if sweep.storage and time.monotonic() - checked >= sweep.heartbeat_s:
@@ -150,7 +154,8 @@ def run_study(study: optuna.Study, run: Run) -> list[TrialResult]:
                 result.seconds,
                 result.message.splitlines()[0] if result.message else "",
             )
-            failures = failures + 1 if result.state == "failed" else 0
+            streaks[result.where] = streaks.get(result.where, 0) + 1 if result.state == "failed" else 0
+            failures = min(streaks.values())
             if result.state == "failed":
                 logger.warning("trial %s failed:\n%s", result.name, result.message)
     return results

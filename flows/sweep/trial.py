@@ -65,6 +65,7 @@ class TrialResult:
     restored: bool = False  # DVC restored train from its run cache: no epoch ran here
     message: str = ""
     seconds: float = 0.0
+    where: str = ""  # a sweep over machines: the worker's host:checkout that ran it ("": this machine)
 
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -98,8 +98,9 @@ def sweep_trial_flow(
     if result.restored:  # its epochs, for the pruner's medians, from the restored history
         for epoch, accuracy in enumerate(result.epochs, start=1):
             trial.report(accuracy, epoch)
+    result.where = f"{socket.gethostname()}:{repo}"
     kept = {k: v for k, v in dataclasses.asdict(result).items() if k not in ("number", "name", "values", "seed")}
-    trial.set_user_attr("checkout", f"{socket.gethostname()}:{repo}")
+    trial.set_user_attr("checkout", result.where)
     trial.set_user_attr(RESULT, kept)
     logger.info("trial %s %s: %s", name, result.state, result.message.splitlines()[0] if result.message else "")
     return {"name": name, **kept}

@@ -2,10 +2,12 @@
 study in a real PostgreSQL, the runs in a real MLflow tracking server. Both workers ran trials; `dvc exp show` in
 the study's checkout lists all 4 (each pushed by its worker, pulled by the study); MLflow holds one parent run with
 the 4 trials as children. And a worker killed mid-trial: its trial is failed by its heartbeat and rerun on the
-other. The fast parts (the database, heartbeats, refusals): tests/flows/test_sweep_storage.py."""
+other. A worker whose clone cannot reach the DVC remote fails its trials naming the missing inputs; the study
+goes on with the other. The fast parts (the database, heartbeats, refusals): tests/flows/test_sweep_storage.py."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -76,3 +78,20 @@ def test_a_trial_whose_worker_dies_is_failed_by_its_heartbeat_and_rerun_on_the_o
 def _log(machine: Production) -> str:
     path = Path(machine.env["PREFECT_HOME"]) / "worker.log"
     return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def test_a_worker_without_the_dvc_remote_fails_its_trials_naming_the_inputs_and_the_study_goes_on(
+    tmp_path: Path,
+) -> None:
+    with sweep_machines(tmp_path, workers=2, no_remote=1) as machines:
+        proc = machines.sweep(trials=2, parallel=2, study="half")
+        assert proc.returncode == 0, proc.stdout[-5000:]
+        healthy, cut_off = (str(w.repo) for w in machines.workers)
+        study = optuna.load_study(study_name="half", storage=machines.storage)
+        where = {t.number: (t.state.name, t.user_attrs["checkout"].split(":", 1)[1]) for t in study.get_trials()}
+        assert sorted(s for s, w in where.values() if w == healthy) == ["COMPLETE", "COMPLETE"], where
+        failed = [t for t in study.get_trials() if t.state.name == "FAIL"]
+        assert failed and all(where[t.number][1] == cut_off for t in failed), where
+        for trial in failed:
+            assert re.match(r"RuntimeError: inputs missing on this worker: \S", trial.user_attrs["result"]["message"])
+        assert "inputs missing on this worker" in proc.stdout and "best trial: half-t00" in proc.stdout

@@ -96,9 +96,10 @@ def study_project(root: Path, sweep: dict[str, Any]) -> Path:
 
 
 @contextlib.contextmanager
-def sweep_machines(work: Path, workers: int, cores: list[set[int]] | None = None,
-                   heartbeat_s: int = 10) -> Iterator[Machines]:  # fmt: skip
-    """`workers` clones with a worker each; `cores`: the CPUs each worker (and so its trials) may use."""
+def sweep_machines(work: Path, workers: int, cores: list[set[int]] | None = None, heartbeat_s: int = 10,
+                   no_remote: int | None = None) -> Iterator[Machines]:  # fmt: skip
+    """`workers` clones with a worker each; `cores`: the CPUs each worker (and so its trials) may use; `no_remote`:
+    the clone whose DVC remote is an empty folder (a machine that cannot reach the project's remote)."""
     remote_git, remote_dvc = work / "remote.git", work / "dvc-remote"
     sh(["git", "init", "-q", "--bare", str(remote_git)], cwd=work)
     with postgres_server() as storage, mlflow_server(work / "mlflow") as tracking:
@@ -119,6 +120,9 @@ def sweep_machines(work: Path, workers: int, cores: list[set[int]] | None = None
             for n in range(workers):
                 clone = work / f"machine-{n}"
                 sh(["git", "clone", "-q", "-b", "main", str(remote_git), str(clone)], cwd=work)
+                if n == no_remote:
+                    (work / "nowhere").mkdir()
+                    dvc("remote", "modify", "--local", "storage", "url", str(work / "nowhere"), cwd=clone)
                 worker_env = {**prefect_env(work / f"home-{n}", port), "PREFECT_API_URL": api, "POOL": POOL,
                               "LIMIT": "1", "PREFECT_WORKER_QUERY_SECONDS": "2"}  # fmt: skip
                 machine = Production(clone, worker_env)
