@@ -26,7 +26,16 @@ PROJECT_FILES = ("tasks", "flows", "baseline", "models/pretrained", "dvc.yaml", 
 TINY = {
     "generate": {"images_per_class": 12, "min_side": 24, "max_side": 64, "workers": 1},
     "preprocess": {"image_size": 32, "workers": 1, "val_fraction": 0.2, "test_fraction": 0.2},
-    "train": {"epochs": 1, "batch_size": 16, "lr": 0.01, "warmup_epochs": 0.5, "threads": 1},
+    # No flip probe: on a tiny folder whose mirror check only hints it trains 2 x 300 steps (about 100 s of a
+    # 2-core machine) before a 1-epoch run; tests/training/test_flip_probe.py tests it with params of its own.
+    "train": {
+        "epochs": 1,
+        "batch_size": 16,
+        "lr": 0.01,
+        "warmup_epochs": 0.5,
+        "threads": 1,
+        "recipe": {"flip_probe_steps": 0},
+    },
     # A model trained for one short epoch has large, unsettled logits; fp32 rounding differences
     # between PyTorch and onnxruntime scale with them. It is also near chance, with near-tied logits
     # that INT8 rounding flips: on ~20 test images one flip is 5 points. (INT8 gates at their
