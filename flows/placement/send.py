@@ -106,6 +106,15 @@ def _commit_on_remote(repo: Path, git_remote: str, pool: str) -> str:
     return commit
 
 
+def check_remotes(repo: Path, git_remote: str, dvc_remote: str | None, missing: str) -> None:
+    """The git and DVC remotes named are this checkout's, and it has a default DVC remote (else PlacementError
+    `missing`): what moving work to another machine needs, a placed stage or a sweep's trials."""
+    check_git_remote(repo, git_remote)
+    check_dvc_remote(repo, dvc_remote)
+    if not dvc_remotes(repo)[0]:
+        raise PlacementError(missing)
+
+
 def warn_if_nobody_serves(pool: str) -> None:
     from prefect.client.orchestration import get_client
 
@@ -148,13 +157,8 @@ def placed_stage(
         return {"outcome": "unchanged", "why": [], "pool": pool}
     logger.info("why %s: %s; sending it to pool %s", stage, "; ".join(why), pool)
     stages = load_stages(repo)
-    check_git_remote(repo, git_remote)
-    check_dvc_remote(repo, dvc_remote)
-    if not dvc_remotes(repo)[0]:
-        raise PlacementError(
-            f"placing {stage} on pool {pool} needs a DVC remote that both machines reach: "
-            "`dvc remote add -d storage <url>`, committed in .dvc/config"
-        )
+    check_remotes(repo, git_remote, dvc_remote, f"placing {stage} on pool {pool} needs a DVC remote that both "
+                  "machines reach: `dvc remote add -d storage <url>`, committed in .dvc/config")  # fmt: skip
     _check_inputs(repo, stage, stages)
     commit = _commit_on_remote(repo, git_remote, pool)
     inputs = inputs_to_send(repo, stage, stages)

@@ -28,14 +28,13 @@ import optuna
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.placement import PlacementError, check_dvc_remote, check_git_remote
+from flows.placement import PlacementError
 from flows.placement.git import on_remote_branch
 from flows.placement.protocol import dvc_move
-from flows.placement.send import warn_if_nobody_serves
+from flows.placement.send import check_remotes, warn_if_nobody_serves
 from flows.shell import stream
 from flows.stage import dvc_command
 from flows.sweep.trial import TrialResult
-from tasks.core.private_api import dvc_remotes
 
 DEPLOYMENT = "sweep-trial/{pool}"  # prefect.yaml: the trials of a sweep with sweep.pool set
 RESULT = "result"  # the worker's TrialResult, as a user attr of its Optuna trial
@@ -59,13 +58,8 @@ class Remote:
 def prepare(repo: Path, commit: str, pool: str, git_remote: str, dvc_remote: str | None, uri: str, log: Any) -> Remote:
     """Before any trial: the remotes are this checkout's, the commit is on the git remote, the committed run's
     outputs are on the DVC remote (pushed), and the deployment exists."""
-    check_git_remote(repo, git_remote)
-    check_dvc_remote(repo, dvc_remote)
-    if not dvc_remotes(repo)[0]:
-        raise PlacementError(
-            f"sweep.pool {pool!r} needs a DVC remote every machine reaches: "
-            "`dvc remote add -d storage <url>`, committed"
-        )
+    check_remotes(repo, git_remote, dvc_remote, f"sweep.pool {pool!r} needs a DVC remote every machine reaches: "
+                  "`dvc remote add -d storage <url>`, committed")  # fmt: skip
     if not on_remote_branch(repo, commit, git_remote):
         raise PlacementError(f"commit {commit[:12]} is on no branch of git remote {git_remote!r}: `git push` it first; "
                              f"the {pool} machine checks it out from there")  # fmt: skip
