@@ -1,12 +1,15 @@
 """Stage preprocess: data.source [+ data.test_source] -> paths.shards: Arrow shards, manifest, quarantine.
 
-Files are hashed, then fully decoded in worker processes; bad ones are quarantined with a reason, non-images ignored
-(seen == accepted + quarantined + ignored); a file's split is a function of its bytes and the seed.
+Files are hashed, then decoded in worker processes; bad ones are quarantined with a reason, non-images ignored
+(seen == accepted + quarantined + ignored); a file's split is a function of its bytes and the seed. An image that
+the previous shards (or a killed run's) hold with the same preprocessing is not decoded again, and shards are laid
+out by the dataset's growth (tasks/images/shard_layout.py), so a merge of new images writes new shards only.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,19 +24,16 @@ from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, dumps_json
 from tasks.core.params import Params, PreprocessParams, derive_seed
 from tasks.images.aspect import Aspect, choose_resize
+from tasks.images.history import generations
 from tasks.images.image_set import image_set_sha256
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import Layout, check_data_folders, read_layout
 from tasks.images.report import check_usable, log_summary
-from tasks.images.shards import (
-    FORMAT_VERSION,
-    MANIFEST,
-    QUARANTINE,
-    SPLITS,
-    ShardWriter,
-    class_counts,
-    schema_description,
-)
+from tasks.images.reuse import Pool, decoder_versions, gather, pixels_key, salvage
+from tasks.images.shard_build import ShardBuilder
+from tasks.images.shard_layout import RULE
+from tasks.images.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, class_counts, schema_description
+from tasks.images.space import check_space
 from tasks.images.splits import Plan, plan, split_of
 from tasks.images.validation import (
     TEST_SOURCE,
@@ -88,9 +88,10 @@ def run(
         log.warning("data.source %s: %s", source, layout.missing_line())
     class_names, roots = layout.class_names, layout.roots
     candidates, hashes, ignored = _collect(layout)
-    _hash_same_size(params.workers, roots, candidates, hashes)
+    _hash_all(params.workers, roots, candidates, hashes)
     todo = plan(candidates, hashes, class_names)
-    resize = _choose_resize(params, roots, todo, centred)
+    pool = gather(Path(out_dir), salvaged := salvage(Path(out_dir)))
+    resize = _choose_resize(params, roots, todo, centred, pool.shapes)
     spec = PreprocessSpec(
         image_size=params.image_size,
         resize=resize["mode"],
@@ -98,20 +99,24 @@ def run(
         mean=params.mean,
         std=params.std,
         class_names=class_names,
+        decode=params.decode,
     )
-    split_seed = derive_seed(seed, "preprocess")
-    with atomic_dir(out_dir) as tmp:
-        writers = {
-            split: ShardWriter(tmp, split, image_size=params.image_size, shard_size=params.shard_size)
-            for split in SPLITS
-        }
-        sizes = {(item.root, item.path): hashed.size for item, hashed in zip(candidates, hashes, strict=True)}
-        files, quarantined, shapes = _decode_and_write(params, spec, roots, todo, sizes, writers, split_seed,
-                                                       layout.fixed)  # fmt: skip
-        resize["aspect_ratios"] = Aspect.of(shapes).to_json()  # of the accepted images, as decoded
-        shards = {split: writer.close() for split, writer in writers.items()}
+    order = _order(params, seed, todo, layout.fixed, generations(Path(source))[0])
+    key = pixels_key(spec, {"max_pixels": params.max_pixels, "min_side": params.min_side})
+    pool.select(key, params.image_size, {digest for _, digest, _, _ in order})
+    check_space(Path(out_dir), order, pool, params.image_size, params.shard_size)
+    with atomic_dir(out_dir, keep_on_error=True) as tmp:  # a failed run's closed shards: the rerun reuses them
+        builder = ShardBuilder(tmp, pool, image_size=params.image_size, shard_size=params.shard_size)
+        try:
+            files, quarantined, shapes = _decode_and_write(params, spec, roots, todo, order, pool, builder)
+            shards = builder.finish()
+        except BaseException:
+            builder.abandon()
+            raise
+        resize["aspect_ratios"] = Aspect.of(shapes).to_json()  # of the accepted images, as their files declare
         quarantined.extend(todo.refused)
         quarantined.sort(key=lambda q: (q["root"], q["path"]))
+        files.sort(key=lambda f: (f["root"], f["path"]))
         counts = {
             "seen": len(candidates) + len(ignored),
             "accepted": len(files),
@@ -124,19 +129,25 @@ def run(
         split_counts = {split: len(labels[split]) for split in SPLITS}
         check_usable(layout, files, split_counts, quarantined)
         manifest = _manifest(params, seed, spec, layout, counts, todo, split_counts, labels, shards, files, resize)
+        manifest["pixels_key"] = key
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
         (tmp / QUARANTINE).write_text(dumps_json(report))
-
+    if salvaged is not None:
+        shutil.rmtree(salvaged, ignore_errors=True)
+    _log_reuse(builder.stats)
     log_summary(quarantined, ignored, todo, counts, split_counts, class_names, out_dir)
     log.info("aspect ratios: %s", resize["aspect_ratios"]["summary"])
     log.info("resize %s (%s: %s)", resize["mode"], "auto" if resize["auto"] else "params.yaml", resize["why"])
     return PreprocessResult(counts, split_counts, class_names, Path(out_dir))
 
 
-def _choose_resize(params: PreprocessParams, roots: Any, todo: Plan, centred: bool) -> dict[str, Any]:
+def _choose_resize(
+    params: PreprocessParams, roots: Any, todo: Plan, centred: bool, known: dict[str, tuple[int, int]]
+) -> dict[str, Any]:
     """preprocess.resize as written, or for `auto` the mode the images' aspect ratios call for (read from
-    the headers of the files to decode, in worker processes: a header that crashes a worker costs nothing)."""
+    the headers of the files to decode, in worker processes: a header that crashes a worker costs nothing;
+    `known`: the shapes earlier shards recorded for these bytes, as their headers declare them)."""
     if params.resize != "auto":
         return {"mode": params.resize, "auto": False, "why": "set in params.yaml"}
     if centred:
@@ -146,28 +157,51 @@ def _choose_resize(params: PreprocessParams, roots: Any, todo: Plan, centred: bo
             "why": "the embedded default data draws every subject inside the "
             "central square, which a centre crop keeps whole and at full scale (and it cuts off distractors)",
         }
-    items = [item for item, _ in todo.decode]
+    items = [item for item, digest in todo.decode if digest not in known]
     probed = isolated_map(partial(probe_shape, roots), items, workers=params.workers, chunksize=64,
                           crashed=lambda item, detail: None, initializer=worker_init,
                           timeout_s=params.decode_timeout_s)  # fmt: skip
-    measured = Aspect.of([shape for shape in _bar(probed, len(items), "measure aspect ratios") if shape])
+    shapes = [known[digest] for _, digest in todo.decode if digest in known]
+    measured = Aspect.of(shapes + [shape for shape in _bar(probed, len(items), "measure aspect ratios") if shape])
     mode, why = choose_resize(measured)
     return {"mode": mode, "auto": True, "why": f"{why} (from the headers of {measured.count} files)"}
 
 
-def _hash_same_size(workers: int, roots: Any, candidates: list[Candidate], hashes: list[Hashed]) -> None:
-    """Pass 1: duplicates are known before anything is decoded or written. Only files of equal size
-    (discovery stats every candidate) can have equal bytes, so only those are hashed here; every
-    other file is read once, by the decode pass, which hashes the bytes it decodes. Threads
+def _hash_all(workers: int, roots: Any, candidates: list[Candidate], hashes: list[Hashed]) -> None:
+    """Pass 1: every file's sha256 before anything is decoded: it decides the file's split, its place in the
+    shards and whether an earlier run decoded it already, and duplicates are known before anything is written
+    (the decode pass hashes the bytes it decodes again: a file that changed in between is refused). Threads
     suffice: reading and hashlib release the GIL, and hashing cannot crash on bad bytes."""
-    same_size = Counter(h.size for h in hashes if not h.error and h.size > 0)
-    shared = [i for i, h in enumerate(hashes) if not h.error and same_size[h.size] > 1]
-    chunks = [shared[start : start + 128] for start in range(0, len(shared), 128)]
-    with ThreadPoolExecutor(workers) as threads, _bar(None, len(shared), "hash same-size files") as bar:
+    todo = [i for i, h in enumerate(hashes) if not h.error and h.size > 0]
+    chunks = [todo[start : start + 128] for start in range(0, len(todo), 128)]
+    with ThreadPoolExecutor(workers) as threads, _bar(None, len(todo), "hash files") as bar:
         for chunk in threads.map(lambda chunk: [(i, hash_file(roots, candidates[i])) for i in chunk], chunks):
             for i, hashed in chunk:
                 hashes[i] = hashed
             bar.update(len(chunk))
+
+
+Placed = tuple[Candidate, str, str, int]  # (representative, sha256, split, generation), in the shards' order
+
+
+def _order(params: PreprocessParams, seed: int, todo: Plan, fixed: frozenset[str], history: dict[str, int]
+           ) -> list[Placed]:  # fmt: skip
+    split_seed = derive_seed(seed, "preprocess")
+    placed = []
+    for item, digest in todo.decode:
+        if item.root in FIXED_SPLIT:
+            split = FIXED_SPLIT[item.root]
+        else:
+            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed=fixed)
+        placed.append((item, digest, split, history.get(digest, 0)))
+    placed.sort(key=lambda p: (SPLITS.index(p[2]), p[3], p[1]))
+    return placed
+
+
+def _log_reuse(stats: dict[str, int]) -> None:
+    log.info("images: %d decoded, %d copied from earlier shards, %d in %d earlier shard file(s) linked as they "
+             "were; %d shard file(s) written", stats["decoded"], stats["copied"], stats["linked"],
+             stats["linked_shards"], stats["written_shards"])  # fmt: skip
 
 
 def _manifest(
@@ -187,6 +221,8 @@ def _manifest(
         "spec": spec.model_dump(mode="json"),
         "resize": resize,
         "layout": layout.to_json(),
+        "decoder": decoder_versions(),
+        "shard_rule": RULE,
         "split_rule": {
             "by": "sha256 of the file's bytes and the seed",
             "seed": seed,
@@ -215,49 +251,43 @@ def _manifest(
 
 
 def _decode_and_write(
-    params: PreprocessParams,
-    spec: PreprocessSpec,
-    roots: tuple[tuple[str, Path], ...],
-    todo: Plan,
-    sizes: dict[tuple[str, str], int],
-    writers: dict[str, ShardWriter],
-    split_seed: int,
-    fixed: frozenset[str],
-) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[tuple[int, int]]]:
-    """Pass 2: decode one copy of each distinct content in workers, stream accepted ones to shards.
+    params: PreprocessParams, spec: PreprocessSpec, roots: tuple[tuple[str, Path], ...], todo: Plan,
+    order: list[Placed], pool: Pool, builder: ShardBuilder,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]], list[tuple[int, int]]]:  # fmt: skip
+    """Pass 2: in the shards' order, each distinct content from the pool or decoded in workers, streamed to shards.
 
-    A file that pass 1 hashed must still have those bytes; one it only sized must still have that size."""
+    A file must still have the bytes pass 1 hashed."""
     config = CheckConfig(roots, spec, params.max_pixels, params.min_side)
-    results = isolated_map(
-        partial(check_file, config), [item for item, _ in todo.decode], workers=params.workers,
-        crashed=lambda item, detail: Checked("", None, "worker_crash", detail), initializer=worker_init,
-        timeout_s=params.decode_timeout_s,
-    )  # fmt: skip
+    results = iter(isolated_map(
+        partial(check_file, config), [item for item, digest, _, _ in order if not pool.has(digest)],
+        workers=params.workers, crashed=lambda item, detail: Checked("", None, "worker_crash", detail),
+        initializer=worker_init, timeout_s=params.decode_timeout_s,
+    ))  # fmt: skip
     files: list[dict[str, Any]] = []
     quarantined: list[dict[str, str]] = []
     shapes: list[tuple[int, int]] = []
     index: Counter[str] = Counter()
-    for (item, digest), checked in zip(todo.decode, _bar(results, len(todo.decode), "decode"), strict=True):
+    for item, digest, split, generation in _bar(order, len(order), "decode"):
         copies = todo.copies.get(digest, [])
         name = f"{item.root}:{item.path}"
-        if checked.array is None:
-            quarantined.append({**item.where(), "reason": checked.reason, "detail": checked.detail})
-            quarantined.extend(
-                {**c.where(), "reason": checked.reason, "detail": f"same bytes as {name}: {checked.detail}"}
-                for c in copies
-            )
-            continue
-        changed = checked.digest != digest if digest else checked.size != sizes[item.root, item.path]
-        if changed:
-            raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
-        digest = digest or checked.digest
-        if item.root in FIXED_SPLIT:
-            split = FIXED_SPLIT[item.root]
+        if pool.has(digest):
+            shape, pixels = pool.shapes[digest], pool.row(digest)
         else:
-            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed=fixed)
-        writers[split].add(checked.array, item.label)
-        shapes.append(checked.shape)
-        files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split]})
+            checked = next(results)
+            if checked.array is None:
+                quarantined.append({**item.where(), "reason": checked.reason, "detail": checked.detail})
+                quarantined.extend(
+                    {**c.where(), "reason": checked.reason, "detail": f"same bytes as {name}: {checked.detail}"}
+                    for c in copies
+                )
+                continue
+            if checked.digest != digest:
+                raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
+            shape, pixels = checked.shape, checked.array
+        builder.add(split, generation, digest, item.label, shape, pixels, from_pool=pool.has(digest))
+        shapes.append(shape)
+        files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split],
+                      "shape": list(shape)})  # fmt: skip
         index[split] += 1
         quarantined.extend(
             {**c.where(), "reason": "duplicate", "detail": f"same bytes as {name}, which is kept"} for c in copies

@@ -12,6 +12,7 @@ that writes no outputs of its own, such as a node that joins another's training)
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -52,7 +53,29 @@ def stage_main(name: str, body: Callable[[Params], int | None], *, ledger: bool 
     except (ParamsError, StageError) as exc:
         print(f"[{name}] error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        print(f"[{name}] error: {disk_full_line(exc)}", file=sys.stderr)
+        sys.exit(2)
     if status:
         sys.exit(status)
     if stage and ledger and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the outputs
         provenance.record_run(name, provenance.project_root())
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """ENOSPC (or a quota), from Python's own I/O or from a library that only says it in words (pyarrow)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc)
+
+
+def disk_full_line(exc: OSError) -> str:
+    """One line for a full disk: where, and that the outputs that were there are as they were."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return (
+        f"no space left on the device{where} ({exc.strerror or str(exc).splitlines()[0]}); outputs are written "
+        "beside the previous ones and renamed in only when complete, so those are as they were: free space and "
+        "run it again"
+    )

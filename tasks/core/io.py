@@ -37,31 +37,40 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def dead_writers_temps(final: Path, kinds: tuple[str, ...] = ("tmp", "old")) -> list[Path]:
+    """The `.<name>.<kind>-<pid>[-...]` siblings of `final` whose writer (that pid) is dead, in name order."""
+    final = Path(final)
+    prefix, found = f".{final.name}.", []
+    for path in sorted(final.parent.iterdir()) if final.parent.is_dir() else ():
+        if not path.name.startswith(prefix):
+            continue
+        kind, _, owner = path.name[len(prefix) :].partition("-")
+        pid = owner.split("-")[0]  # <pid> or <pid>-<thread>
+        if kind in kinds and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            found.append(path)
+    return found
+
+
 def remove_stale_temps(final: Path) -> list[Path]:
     """Remove `.<name>.tmp-<pid>` / `.<name>.old-<pid>` siblings left by a killed writer (dead pid).
 
     A writer killed with SIGKILL never reaches its cleanup; the next writer of the same output
     removes what it left. Temps of a live process (a concurrent writer) are left alone.
     """
-    final = Path(final)
-    prefix, removed = f".{final.name}.", []
-    for path in final.parent.iterdir() if final.parent.is_dir() else ():
-        if not path.name.startswith(prefix):
-            continue
-        kind, _, owner = path.name[len(prefix) :].partition("-")
-        pid = owner.split("-")[0]  # <pid> or <pid>-<thread>
-        if kind in ("tmp", "old") and pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-            removed.append(path)
+    removed = []
+    for path in dead_writers_temps(final):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
     return removed
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield an empty temporary directory that replaces `final` when the block succeeds."""
+def atomic_dir(final: Path, *, keep_on_error: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary directory that replaces `final` when the block succeeds. `keep_on_error`: a
+    block that raises leaves the directory (hidden, never `final`) for the next writer to take what it can."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(final)
@@ -71,7 +80,8 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     try:
         yield tmp
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not keep_on_error:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     if final.exists() and _exchange(tmp, final):
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous output

@@ -72,11 +72,22 @@ class PreprocessParams(Section):
         "squash = both sides, aspect not kept; pad = longer side, black bars; auto = chosen from the aspect ratios",
     )
     interpolation: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    decode: Literal["dct_scaled", "full"] = Field(
+        "dct_scaled",
+        description="dct_scaled: a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose sides still "
+        "cover image_size, then resized as in full; full: every pixel decoded. Recorded in the model's spec, so "
+        "serving decodes alike",
+    )
     mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
     std: tuple[float, float, float] = (0.229, 0.224, 0.225)
     val_fraction: Fraction = 0.1
     test_fraction: Fraction = 0.1
-    shard_size: int = Field(4096, ge=1, description="images per shard file")
+    shard_size: int = Field(
+        4096,
+        ge=1,
+        description="images per shard file, on average: boundaries fall on content hashes, so adding "
+        "or removing an image rewrites only the shard that holds it",
+    )
     workers: int = Field(2, ge=1, description="decoder processes")
     decode_timeout_s: float = Field(
         120,

@@ -3,6 +3,9 @@
 Preprocessing, evaluation, export checks and serving all call `decode_image` + `to_square`
 (or `load_array`), with the `PreprocessSpec` recorded beside the model, so they cannot disagree.
 How an image becomes a square is fastai's choice of three (`RESIZE_MODES`): crop, squash or pad.
+A JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8: libjpeg's own) whose both sides still cover the
+output (`DECODE_MODES` "dct_scaled", the spec's `decode`), so a 12 MP photo costs what a 224 px input needs;
+the resize that follows is the same.
 Bad bytes raise `ImageError` with a reason code (the same codes as the quarantine report).
 """
 
@@ -33,6 +36,12 @@ _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 #   pad:    the longer side to the size, the rest filled with black (fastai's pad_mode="zeros")
 RESIZE_MODES = ("crop", "squash", "pad")
 LEGACY_CROP = "shorter-side-then-center-crop"  # how model files made before the modes existed name crop
+# full: every pixel decoded (what every model file made before the choice was recorded did);
+# dct_scaled: a JPEG is decoded at the largest libjpeg scale 1/s (s in 8, 4, 2) that keeps both sides >= the
+# output size, the other formats in full. Both sides >= size covers crop (shorter side), squash and pad.
+DECODE_MODES = ("full", "dct_scaled")
+EXIF_ORIENTATION = 0x0112
+TRANSPOSED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
 
 
 class ImageError(ValueError):
@@ -56,6 +65,18 @@ class PreprocessSpec(BaseModel):
     channel_order: str = "RGB"
     layout: str = "NCHW"
     class_names: tuple[str, ...]
+    decode: str = "full"  # one of DECODE_MODES; a spec that does not name it comes from a model made before it
+
+    @field_validator("decode")
+    @classmethod
+    def _known_decode(cls, value: str) -> str:
+        if value not in DECODE_MODES:
+            raise ValueError(f"decode {value!r} is not one of {list(DECODE_MODES)}")
+        return value
+
+    def draft_size(self) -> int | None:
+        """The side both decoded sides must keep (dct_scaled), or None for a full decode."""
+        return self.image_size if self.decode == "dct_scaled" else None
 
     @field_validator("resize")
     @classmethod
@@ -111,15 +132,26 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def decode_image(
-    data: bytes, *, max_pixels: int | None = None, min_side: int = 1, limit: str = "preprocess.max_pixels"
-) -> Image.Image:
-    """Fully decode image bytes to RGB (first frame, EXIF orientation applied).
+    data: bytes, *, max_pixels: int | None = None, min_side: int = 1, limit: str = "preprocess.max_pixels",
+    draft_size: int | None = None,
+) -> Image.Image:  # fmt: skip
+    """Decode image bytes to RGB (first frame, EXIF orientation applied); `draft_size`: a JPEG is decoded at
+    the smallest DCT scale whose both sides stay >= it (the spec's `draft_size()`), every other image in full.
 
     The pixel count in the header is checked against `max_pixels` (the params key `limit`) before any pixel
     is decoded.
     Raises ImageError with reason empty_file, not_an_image, decompression_bomb, truncated,
     too_small, unsupported_mode or decode_error.
     """
+    return decode_sized(data, max_pixels=max_pixels, min_side=min_side, limit=limit, draft_size=draft_size)[0]
+
+
+def decode_sized(
+    data: bytes, *, max_pixels: int | None = None, min_side: int = 1, limit: str = "preprocess.max_pixels",
+    draft_size: int | None = None,
+) -> tuple[Image.Image, tuple[int, int]]:  # fmt: skip
+    """`decode_image`, and the (width, height) the file declares, EXIF orientation applied: what the image
+    measures whatever scale it was decoded at (the aspect-ratio census counts it)."""
     if not data:
         raise ImageError("empty_file", "zero bytes")
     try:
@@ -138,13 +170,17 @@ def decode_image(
                 f"{width}x{height} = {width * height} pixels > {limit} {max_pixels}",
             )
         try:
+            if draft_size is not None and img.format == "JPEG" and min(width, height) >= 2 * draft_size:
+                img.draft(img.mode, (draft_size, draft_size))  # libjpeg's scale: both sides stay >= draft_size
             img.load()
+            orientation = img.getexif().get(EXIF_ORIENTATION)
             ImageOps.exif_transpose(img, in_place=True)
         except Exception as exc:
             raise ImageError(_failure_reason(exc), _clean(exc)) from None
         if min(width, height) < min_side:
             raise ImageError("too_small", f"{width}x{height}: shorter side < preprocess.min_side {min_side}")
-        return to_rgb(img)
+        declared = (height, width) if orientation in TRANSPOSED else (width, height)
+        return to_rgb(img), declared
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -189,7 +225,7 @@ def _chw(img: Image.Image) -> np.ndarray:
 def load_array(data: bytes, spec: PreprocessSpec, *, max_pixels: int | None = None, min_side: int = 1,
                limit: str = "preprocess.max_pixels") -> np.ndarray:  # fmt: skip
     """Image bytes -> uint8 (3, S, S) exactly as the model was trained on."""
-    image = decode_image(data, max_pixels=max_pixels, min_side=min_side, limit=limit)
+    image = decode_image(data, max_pixels=max_pixels, min_side=min_side, limit=limit, draft_size=spec.draft_size())
     return to_square(image, spec.image_size, spec.resize, spec.interpolation)
 
 

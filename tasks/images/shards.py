@@ -3,13 +3,15 @@
 Layout of a shard directory:
     manifest.json          schema, class names, spec, per-shard sha256 and counts, per-file hashes
     quarantine.json        files refused or ignored, with reasons; duplicate groups
-    <split>-<k:05d>.arrow  columns image: fixed_size_list<uint8>[3*S*S] (C, H, W), label: int16
+    <split>-g<generation>-<first sha256>.arrow  columns image: fixed_size_list<uint8>[3*S*S] (C, H, W),
+                           label: int16 (which image goes where: tasks/images/shard_layout.py)
 Nothing in it depends on time, host or absolute paths, so the same input gives the same bytes.
 Reading memory-maps the files: a sample is a view into the page cache, never a decode.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ if TYPE_CHECKING:  # pyarrow loads where shards are read or written: the manifes
 MANIFEST = "manifest.json"
 QUARANTINE = "quarantine.json"
 SPLITS = ("train", "val", "test")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: shards by generation and content-defined cuts, per-file shapes, the decoder's versions
 BATCH_BYTES = 8 << 20  # pixel data per record batch: bounds writer memory, and shards are written as
 # results arrive rather than in one burst at the end (reads gather per row, so batch count costs nothing)
 
@@ -68,66 +70,57 @@ def _record_batch(images: np.ndarray, labels: np.ndarray, schema: pa.Schema) -> 
     return pa.RecordBatch.from_arrays([column, pa.array(labels.astype(np.int16), type=pa.int16())], schema=schema)
 
 
-class ShardWriter:
-    """Appends (3, S, S) uint8 images to `<prefix>-00000.arrow`, `-00001`, ... of `shard_size` rows.
+class ShardFile:
+    """Writes (3, S, S) uint8 images, in order, to one Arrow IPC file at `path`.
 
-    Images are written in record batches of at most BATCH_BYTES, so memory stays bounded whatever
-    the shard size; the same sequence of images always gives the same bytes.
+    Images are written in record batches of at most BATCH_BYTES, so memory stays bounded whatever the shard's
+    length; the same sequence of images always gives the same bytes. Nothing is at `path` until `close`.
     """
 
-    def __init__(self, out_dir: Path, prefix: str, *, image_size: int, shard_size: int) -> None:
-        self.out_dir, self.prefix, self.shard_size = Path(out_dir), prefix, shard_size
+    def __init__(self, path: Path, *, image_size: int) -> None:
+        import pyarrow as pa
+
+        self.path = Path(path)
         self.schema = shard_schema(image_size)
-        self.batch_rows = max(1, min(shard_size, BATCH_BYTES // (3 * image_size * image_size)))
-        self.shards: list[dict[str, Any]] = []
+        self.batch_rows = max(1, BATCH_BYTES // (3 * image_size * image_size))
         self._shape = (3, image_size, image_size)
-        self._buffer: np.ndarray | None = None  # one record batch, reused: no allocation per batch
+        self._buffer = np.empty((self.batch_rows, *self._shape), np.uint8)  # pages touched only as rows fill
         self._labels: list[int] = []
-        self._sink: Any = None
-        self._writer: Any = None
-        self._rows = 0  # rows written to the open file
+        self._partial = self.path.with_name(f".{self.path.name}.partial")
+        self._sink = pa.OSFile(str(self._partial), "wb")
+        self._writer = pa.ipc.new_file(self._sink, self.schema)
+        self.rows = 0
 
     def add(self, image: np.ndarray, label: int) -> None:
         if image.shape != self._shape or image.dtype != np.uint8:
-            raise ValueError(f"{self.prefix}: expected a uint8 {self._shape} image, got {image.dtype} {image.shape}")
-        if self._buffer is None:  # np.empty: pages are only touched as rows are filled
-            self._buffer = np.empty((self.batch_rows, *self._shape), np.uint8)
+            raise ValueError(f"{self.path.name}: expected a uint8 {self._shape} image, got {image.dtype} {image.shape}")
         self._buffer[len(self._labels)] = image
         self._labels.append(label)
-        if len(self._labels) == self.batch_rows or self._rows + len(self._labels) == self.shard_size:
+        if len(self._labels) == self.batch_rows:
             self._flush()
 
     def _flush(self) -> None:
-        import pyarrow as pa
-
-        if not self._labels or self._buffer is None:
+        if not self._labels:
             return
-        if self._writer is None:
-            path = self.out_dir / f"{self.prefix}-{len(self.shards):05d}.arrow"
-            self._sink = pa.OSFile(str(path), "wb")
-            self._writer = pa.ipc.new_file(self._sink, self.schema)
         count = len(self._labels)
-        batch = _record_batch(self._buffer[:count], np.asarray(self._labels), self.schema)
-        self._writer.write_batch(batch)  # serialised to the file here, so the buffer can be refilled
-        self._rows += count
+        self._writer.write_batch(_record_batch(self._buffer[:count], np.asarray(self._labels), self.schema))
+        self.rows += count
         self._labels = []
-        if self._rows == self.shard_size:
-            self._close_file()
 
-    def _close_file(self) -> None:
+    def close(self) -> dict[str, Any]:
+        """Write what is buffered, close the file and move it to `path`; returns its manifest entry."""
+        self._flush()
         self._writer.close()
         self._sink.close()
-        name = f"{self.prefix}-{len(self.shards):05d}.arrow"
-        self.shards.append({"file": name, "count": self._rows, "sha256": sha256_file(self.out_dir / name)})
-        self._writer = self._sink = None
-        self._rows = 0
+        self._partial.rename(self.path)
+        return {"file": self.path.name, "count": self.rows, "sha256": sha256_file(self.path)}
 
-    def close(self) -> list[dict[str, Any]]:
-        """Write what is buffered, close the last file; returns the manifest entries of all shards."""
-        self._flush()
-        if self._writer is not None:
-            self._close_file()
-        return self.shards
+    def abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(Exception):
+            self._sink.close()
+        self._partial.unlink(missing_ok=True)
 
 
 def write_shard(path: Path, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:

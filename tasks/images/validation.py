@@ -19,7 +19,15 @@ from PIL import Image
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_and_size, sha256_bytes
 from tasks.core.params import DataParams
-from tasks.images.imaging import ImageError, PreprocessSpec, decode_image, is_image_name, to_square
+from tasks.images.imaging import (
+    EXIF_ORIENTATION,
+    TRANSPOSED,
+    ImageError,
+    PreprocessSpec,
+    decode_sized,
+    is_image_name,
+    to_square,
+)
 
 SOURCE, VAL_SOURCE, TEST_SOURCE = "source", "val_source", "test_source"
 
@@ -50,7 +58,7 @@ class Checked:
     reason: str = ""
     detail: str = ""
     size: int = -1  # bytes read
-    shape: tuple[int, int] = (0, 0)  # (width, height) as decoded, EXIF orientation applied
+    shape: tuple[int, int] = (0, 0)  # (width, height) the file declares, EXIF orientation applied
 
 
 @dataclass(frozen=True)
@@ -197,14 +205,12 @@ def check_file(config: CheckConfig, item: Candidate) -> Checked:
     digest = sha256_bytes(data)
     spec = config.spec
     try:
-        img = decode_image(data, max_pixels=config.max_pixels, min_side=config.min_side)
+        img, shape = decode_sized(data, max_pixels=config.max_pixels, min_side=config.min_side,
+                                  draft_size=spec.draft_size())  # fmt: skip
     except ImageError as exc:
         return Checked(digest, None, exc.reason, exc.detail, len(data))
     array = to_square(img, spec.image_size, spec.resize, spec.interpolation)
-    return Checked(digest, array, size=len(data), shape=img.size)
-
-
-_TRANSPOSED = frozenset({5, 6, 7, 8})  # EXIF orientations that swap width and height
+    return Checked(digest, array, size=len(data), shape=shape)
 
 
 def probe_shape(roots: tuple[tuple[str, Path], ...], item: Candidate) -> tuple[int, int] | None:
@@ -213,7 +219,7 @@ def probe_shape(roots: tuple[tuple[str, Path], ...], item: Candidate) -> tuple[i
     try:
         with Image.open(os.path.join(dict(roots)[item.root], item.path)) as img:
             width, height = img.size
-            if img.getexif().get(0x0112) in _TRANSPOSED:
+            if img.getexif().get(EXIF_ORIENTATION) in TRANSPOSED:
                 width, height = height, width
     except Exception:  # bad bytes are the decode pass's to report, with their reason
         return None

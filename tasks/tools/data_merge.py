@@ -2,9 +2,10 @@
 
 The whole merge is planned first (tasks.tools.merge_plan). Then the images are copied into a staging folder
 inside data/raw, moved in and `dvc add`ed; a failed move or `dvc add` takes out what was moved and puts the .dvc
-file back. params.yaml is not changed. The merge's counts are appended to the .dvc file's `meta.merges` (no
-paths, no times). When SRC is the server's review folder (params serve.review_dir), what was taken (images and
-their sidecars) then leaves it; any other SRC is only read.
+file back. params.yaml is not changed. The merge's counts and its images' sha256 are appended to the .dvc file's
+`meta.merges` (no paths, no times): preprocess puts those images in shards of their own. When SRC is the server's
+review folder (params serve.review_dir), what was taken (images and their sidecars) then leaves it; any other SRC
+is only read.
 """
 
 from __future__ import annotations

@@ -47,10 +47,12 @@ class MergePlan:
     def record(
         self, rule: dict[str, Any], from_review: bool, decisions: dict[str, Any] | None = None
     ) -> dict[str, Any]:
-        """The meta.merges entry: counts only, so the same merge writes the same bytes anywhere; `decisions` (the
-        review page's take-in): how many entries its decision log held and that prefix's sha256."""
+        """The meta.merges entry: counts and the added images' sha256, sorted (no paths, no times: the same merge
+        writes the same bytes anywhere; preprocess lays the shards out by them, tasks/images/history.py);
+        `decisions` (the review page's take-in): how many entries its decision log held and that prefix's sha256."""
         found = {
             "added": len(self.add),
+            "images": sorted(image.sha256 for image, _ in self.add),
             "skipped": len(self.skipped),
             "classes": self.per_class(),
             "splits": self.split_counts(),

@@ -17,7 +17,7 @@ from tasks import preprocess
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.core.params import AugmentParams, ParamsError, PreprocessParams, parse_params
-from tasks.images.shards import ShardError, ShardSplit, ShardWriter
+from tasks.images.shards import ShardError, ShardFile, ShardSplit
 from tasks.training.augment import Augment, uniforms
 from tasks.training.dataset import ShardDataset
 from tests.helpers.folders import make_imagefolder
@@ -152,7 +152,7 @@ def test_integrity_errors_name_the_file(shards: Path, tmp_path: Path) -> None:
     manifest = read_json(shards / "manifest.json")
     manifest["format_version"] = 1
     (broken / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ShardError, match="format_version 1, expected 2; rerun the preprocess stage"):
+    with pytest.raises(ShardError, match="format_version 1, expected 3; rerun the preprocess stage"):
         ShardSplit.open(broken, "train")
     with pytest.raises(ShardError, match="no shard manifest"):
         ShardSplit.open(tmp_path / "nothing", "train")
@@ -176,11 +176,13 @@ def test_writer_output_depends_only_on_the_images(tmp_path: Path) -> None:
     entries = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        writer = ShardWriter(tmp_path / name, "train", image_size=8, shard_size=10)
+        writer = ShardFile(tmp_path / name / "train.arrow", image_size=8)
+        writer.batch_rows = 10  # several record batches in one file
         for k, image in enumerate(images):
             writer.add(image, k % 3)
         entries.append(writer.close())
-    assert entries[0] == entries[1] and [e["count"] for e in entries[0]] == [10, 10, 3]
+    assert entries[0] == entries[1] and entries[0]["count"] == 23
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["train.arrow"]  # no partial file left
 
 
 def test_a_model_of_other_classes_is_refused_as_a_stage_error(shards: Path) -> None:

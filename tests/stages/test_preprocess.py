@@ -89,14 +89,19 @@ def test_altered_shard_is_refused(imagefolder: Path, tmp_path: Path) -> None:
 
 
 def test_crash_leaves_no_output(imagefolder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.images.shards import ShardFile
+
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
 
     # Fail while shards are being written (a full disk), after some files already exist.
-    monkeypatch.setattr(preprocess.ShardWriter, "close", boom)
+    monkeypatch.setattr(ShardFile, "close", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         preprocess.run(PARAMS, seed=1, source=imagefolder, out_dir=tmp_path / "shards")
-    assert list(tmp_path.iterdir()) == [imagefolder]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert "shards" not in left  # nothing that looks complete: only the hidden folder a rerun takes from
+    assert all(name == imagefolder.name or name.startswith(".shards.tmp-") for name in left), left
+    assert not any((tmp_path / name / "manifest.json").exists() for name in left)
 
 
 def test_missing_or_flat_source_is_a_clear_error(tmp_path: Path) -> None:
