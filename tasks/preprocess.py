@@ -103,7 +103,7 @@ def run(
     )
     order = _order(params, seed, todo, layout.fixed, generations(Path(source))[0])
     key = pixels_key(spec, {"max_pixels": params.max_pixels, "min_side": params.min_side})
-    pool.select(key, params.image_size, {digest for _, digest, _, _ in order})
+    pool.select(key, params.image_size, {digest for _, digest, _, _ in order}, threads=params.workers)
     check_space(Path(out_dir), order, pool, params.image_size, params.shard_size)
     with atomic_dir(out_dir, keep_on_error=True) as tmp:  # a failed run's closed shards: the rerun reuses them
         builder = ShardBuilder(tmp, pool, image_size=params.image_size, shard_size=params.shard_size)
@@ -271,7 +271,7 @@ def _decode_and_write(
         copies = todo.copies.get(digest, [])
         name = f"{item.root}:{item.path}"
         if pool.has(digest):
-            shape, pixels = pool.shapes[digest], pool.row(digest)
+            shape, pixels = pool.shapes[digest], None  # the pool's row, read only where a shard is written
         else:
             checked = next(results)
             if checked.array is None:
@@ -284,7 +284,7 @@ def _decode_and_write(
             if checked.digest != digest:
                 raise StageError(f"{dict(roots)[item.root] / item.path}: changed while preprocessing ran; run it again")
             shape, pixels = checked.shape, checked.array
-        builder.add(split, generation, digest, item.label, shape, pixels, from_pool=pool.has(digest))
+        builder.add(split, generation, digest, item.label, shape, pixels)
         shapes.append(shape)
         files.append({**item.where(), "label": item.label, "sha256": digest, "split": split, "index": index[split],
                       "shape": list(shape)})  # fmt: skip

@@ -199,9 +199,19 @@ def digest(path: Path) -> str | None:
     from dvc_objects.fs.memory import MemoryFileSystem
 
     fs, folder = LocalFileSystem(), path.resolve()
-    root = next((p for p in (folder, *folder.parents) if (p / ".dvc").is_dir()), folder)
-    _, _, obj = build(HashFileDB(MemoryFileSystem(), "/odb"), str(folder), fs, "md5",
-                      ignore=DvcIgnoreFilter(fs, str(root)), dry_run=True)  # fmt: skip
+    root = next((p for p in (folder, *folder.parents) if (p / ".dvc").is_dir()), None)
+    if root is None:
+        _, _, obj = build(HashFileDB(MemoryFileSystem(), "/odb"), str(folder), fs, "md5",
+                          ignore=DvcIgnoreFilter(fs, str(folder)), dry_run=True)  # fmt: skip
+        return str(obj.hash_info.value)
+    from dvc.repo import Repo
+
+    # DVC's own state database (file hashes by inode, mtime and size): a file DVC hashed before costs nothing
+    # here, and one hashed here costs DVC nothing when it records the stage (a preprocess that linked its old
+    # shards hashes only the new ones, twice over otherwise)
+    with Repo(str(root)) as repo:
+        odb = HashFileDB(MemoryFileSystem(), "/odb", state=repo.state)
+        _, _, obj = build(odb, str(folder), fs, "md5", ignore=repo.dvcignore, dry_run=True)
     return str(obj.hash_info.value)
 
 

@@ -55,22 +55,22 @@ class PoolShard:
     blocks: list[np.ndarray] | None = None  # memory-mapped once verified
     offsets: np.ndarray | None = None
 
-    def open(self) -> None:
-        if self.blocks is not None:
-            return
-        import pyarrow as pa
-
+    def verify(self) -> None:
+        """Its bytes are the ones recorded for it (ShardError otherwise)."""
         if sha256_file(self.path) != self.sha256:
             raise ShardError(f"{self.path}: checksum does not match its record")
-        reader = pa.ipc.open_file(pa.memory_map(str(self.path), "r"))
-        size = self.image_size
-        self.blocks = [reader.get_batch(i).column(0).flatten().to_numpy(zero_copy_only=True).reshape(-1, 3, size, size)
-                       for i in range(reader.num_record_batches)]  # fmt: skip
-        self.offsets = np.cumsum([0, *(len(b) for b in self.blocks)])
 
     def row(self, k: int) -> np.ndarray:
-        self.open()
-        assert self.blocks is not None and self.offsets is not None
+        """Row k, a view into the memory-mapped file (mapped on first use)."""
+        if self.blocks is None:
+            import pyarrow as pa
+
+            reader = pa.ipc.open_file(pa.memory_map(str(self.path), "r"))
+            size = self.image_size
+            self.blocks = [reader.get_batch(i).column(0).flatten().to_numpy(zero_copy_only=True)
+                           .reshape(-1, 3, size, size) for i in range(reader.num_record_batches)]  # fmt: skip
+            self.offsets = np.cumsum([0, *(len(b) for b in self.blocks)])
+        assert self.offsets is not None
         block = int(np.searchsorted(self.offsets, k, side="right")) - 1
         return self.blocks[block][k - self.offsets[block]]
 
@@ -86,18 +86,30 @@ class Pool:
     rows: dict[str, tuple[int, int]] = field(default_factory=dict)  # image sha256 -> (shard, row)
     whole: dict[str, int] = field(default_factory=dict)  # members digest -> shard
 
-    def select(self, key: str, image_size: int, needed: set[str]) -> None:
-        """Use the shards of `key` that hold any of the `needed` images and match their checksums."""
+    def select(self, key: str, image_size: int, needed: set[str], *, threads: int = 2) -> None:
+        """Use the shards of `key` that hold any of the `needed` images and match their checksums (read in
+        `threads`: hashlib releases the GIL)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         self.key = key
-        for shard_key, shard in self.candidates:
-            if shard_key != key or not needed.intersection(shard.images):
+        usable = [
+            shard for shard_key, shard in self.candidates if shard_key == key and needed.intersection(shard.images)
+        ]
+
+        def verified(shard: PoolShard) -> bool:
+            try:
+                shard.verify()
+            except (OSError, ShardError) as exc:
+                log.warning("not reused, decoded again: %s", exc)
+                return False
+            return True
+
+        with ThreadPoolExecutor(threads) as pool:
+            checks = list(pool.map(verified, usable))
+        for shard, ok in zip(usable, checks, strict=True):
+            if not ok:
                 continue
             shard.image_size = image_size
-            try:
-                shard.open()
-            except (OSError, ShardError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-                log.warning("not reused, decoded again: %s", exc)
-                continue
             index = len(self.shards)
             self.shards.append(shard)
             for row, digest in enumerate(shard.images):

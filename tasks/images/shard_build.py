@@ -30,22 +30,23 @@ class ShardBuilder:
         self._images: list[str] = []
         self._labels: list[int] = []
         self._shapes: list[tuple[int, int]] = []
-        self._pending: list[np.ndarray] = []  # pool rows of a shard that may still be a whole reuse
+        self._pending = 0  # leading pool rows of the open shard, not read yet: it may still be a whole reuse
         self._file: ShardFile | None = None
 
     def add(self, split: str, generation: int, digest: str, label: int, shape: tuple[int, int],
-            pixels: np.ndarray, *, from_pool: bool) -> None:  # fmt: skip
+            pixels: np.ndarray | None) -> None:  # fmt: skip
+        """`pixels` None: the pool's row for `digest`, read only if the shard is written rather than linked."""
         if self.cutter.starts_new(split, generation):
             self._close()
             self._open = (split, generation)
         self._images.append(digest)
         self._labels.append(label)
         self._shapes.append(shape)
-        if from_pool and self._file is None:
-            self._pending.append(pixels)
+        if pixels is None and self._file is None:
+            self._pending += 1
         else:
-            self._writer().add(pixels, label)
-        self.stats["copied" if from_pool else "decoded"] += 1
+            self._writer().add(self.pool.row(digest) if pixels is None else pixels, label)
+        self.stats["copied" if pixels is None else "decoded"] += 1
         if self.cutter.add(digest):
             self._close()
 
@@ -53,9 +54,9 @@ class ShardBuilder:
         if self._file is None:
             assert self._open is not None
             self._file = ShardFile(self.out_dir / shard_name(*self._open, self._images[0]), image_size=self.image_size)
-            for row, label in zip(self._pending, self._labels, strict=False):
-                self._file.add(row, label)
-            self._pending = []
+            for digest, label in zip(self._images[: self._pending], self._labels, strict=False):
+                self._file.add(self.pool.row(digest), label)
+            self._pending = 0
         return self._file
 
     def _close(self) -> None:
@@ -76,7 +77,7 @@ class ShardBuilder:
         self.shards[split].append({**entry, "generation": generation})
         self._progress.write(progress_line(entry, self.pool.key, self._images, self._labels, self._shapes))
         self._progress.flush()
-        self._images, self._labels, self._shapes, self._pending, self._file = [], [], [], [], None
+        self._images, self._labels, self._shapes, self._pending, self._file = [], [], [], 0, None
 
     def finish(self) -> dict[str, list[dict[str, Any]]]:
         """Close the last shard; the PROGRESS file goes (the finished folder holds shards and their manifest only)."""
