@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,7 +72,9 @@ class StageRun:
 
 def time_stage(params: PreprocessParams, images: Path, out: Path) -> StageRun:
     """One run of the preprocess stage in a fresh interpreter (bench.stage_timer): this process has
-    torch loaded, the stage does not, and its decoders fork from it."""
+    torch loaded, the stage does not, and its decoders fork from it. From nothing: shards already in `out`
+    would be reused, not decoded (tasks/images/reuse.py)."""
+    shutil.rmtree(out, ignore_errors=True)
     command = [sys.executable, "-m", "bench.stage_timer", "--params", params.model_dump_json(),
                "--images", str(images), "--out", str(out)]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, check=False)

@@ -181,7 +181,8 @@ def _hash_all(workers: int, roots: Any, candidates: list[Candidate], hashes: lis
             bar.update(len(chunk))
 
 
-Placed = tuple[Candidate, str, str, int]  # (representative, sha256, split, generation), in the shards' order
+Placed = tuple[Candidate, str, str, int]  # (representative, sha256, split, generation), in the shards' order:
+# by split, generation, then path (a split's rows in its folders' order, as the manifest lists its files)
 
 
 def _order(params: PreprocessParams, seed: int, todo: Plan, fixed: frozenset[str], history: dict[str, int]
@@ -194,7 +195,7 @@ def _order(params: PreprocessParams, seed: int, todo: Plan, fixed: frozenset[str
         else:
             split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed=fixed)
         placed.append((item, digest, split, history.get(digest, 0)))
-    placed.sort(key=lambda p: (SPLITS.index(p[2]), p[3], p[1]))
+    placed.sort(key=lambda p: (SPLITS.index(p[2]), p[3], p[0].root, p[0].path))
     return placed
 
 

@@ -1,10 +1,11 @@
-"""Where each accepted image goes: (split, generation, sha256) order, cut into shards at content-chosen places.
+"""Where each accepted image goes: (split, generation, path) order, cut into shards at content-chosen places.
 
-Within a split, images are grouped by generation (tasks/images/history.py: the merge that added them) and sorted by
-their sha256. A shard ends after an image whose sha256 falls in a 1/shard_size range (content-defined chunking, as
-rsync and restic cut files), or when it reaches MAX_FACTOR x shard_size images. So adding images writes new
-shards, a relabel rewrites the shard that holds the image, and a removal the shard that held it (and its
-neighbour when that image was the cut); the rest keep their bytes. A shard's name is its split, generation and
+Within a split, images are grouped by generation (tasks/images/history.py: the merge that added them) and kept in
+their folders' path order. A shard ends after an image whose sha256 falls in a 1/shard_size range (content-defined
+chunking, as rsync and restic cut files), or when it reaches MAX_FACTOR x shard_size images. So adding images
+writes new shards, a removal rewrites the shard that held the image (and its neighbour when that image was the
+cut), and a relabel (a move to another class folder) the shard it left and the one it joined; the rest keep their
+bytes. A shard's name is its split, generation and
 first image, so an unchanged shard keeps its name too. Everything here is a function of the final accepted images,
 their labels and their generations: a rebuild from scratch gives the same shards as a run that grew them.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 MAX_FACTOR = 4  # a run of images with no cut (probability e^-4 at this length) is cut by count
 RULE = (
     "per split, by generation (the dataset .dvc file's meta.merges[k].images: generation k + 1; other images 0), "
-    "then by sha256; a shard ends after an image whose sha256's first 16 hex digits are 0 mod preprocess.shard_size, "
+    "then by path; a shard ends after an image whose sha256's first 16 hex digits are 0 mod preprocess.shard_size, "
     f"or at {MAX_FACTOR} x shard_size images"
 )
 
@@ -26,10 +27,6 @@ def ends_shard(digest: str, shard_size: int) -> bool:
 
 def shard_name(split: str, generation: int, first: str) -> str:
     return f"{split}-g{generation:04d}-{first[:16]}.arrow"
-
-
-def order_key(split_index: int, generation: int, digest: str) -> tuple[int, int, str]:
-    return (split_index, generation, digest)
 
 
 class Cutter:
