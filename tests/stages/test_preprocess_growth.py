@@ -4,6 +4,7 @@ closed shards are reused, and every one of these equals a rebuild from nothing, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -155,14 +156,17 @@ def test_a_killed_run_leaves_its_closed_shards_to_the_rerun(dataset: Path, tmp_p
               f"preprocess.run(PreprocessParams.model_validate_json({PARAMS.model_dump_json()!r}), seed=7, "
               f"source={str(dataset)!r}, out_dir={str(out)!r})\n")  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=env_with_venv(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip  # its decoders die with it (killpg)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         if sum(len(list(t.glob("*.arrow"))) for t in out.parent.glob(".shards.tmp-*")) >= 4:
-            os.kill(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
             break
         time.sleep(0.005)
     proc.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # a decoder left behind, if the run ended first
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not out.exists()
     run(dataset, out)
