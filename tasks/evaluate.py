@@ -27,7 +27,7 @@ from tasks.core.plots import plot_confusion, plot_image_grid, plot_per_class, pl
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import data_layout
 from tasks.images.shards import SPLITS, ShardSplit, load_manifest
-from tasks.training.models import load_model_file, predict_logits
+from tasks.training.models import load_model_file, split_logits
 from tasks.training.tempered import temperature_of
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def run(
     model, spec, payload = load_model_file(model_path)
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
-    logits = predict_logits(model, test.all_images(), spec, params.batch_size)
+    logits = split_logits(model, test, spec, params.batch_size)
     metrics = classification_metrics(logits, test.labels, spec.class_names)
     temperature = temperature_of(payload)
     metrics["calibration"] = calibration_report(logits, test.labels, temperature)
@@ -120,23 +120,21 @@ def _label_errors(
     model: torch.nn.Module, spec: PreprocessSpec, shard_dir: Path, scored: dict[str, np.ndarray],
     params: EvaluateParams, roots: dict[str, str] | None, dynamics_path: Path, path: Path,
 ) -> None:  # fmt: skip
-    """Every accepted image of every split, ranked by a score from a model that did not learn it."""
+    """Every accepted image of every split, ranked by a score from a model that did not learn it. Each split is
+    streamed in blocks: only the logits (images x classes) grow with the dataset, never its pixels."""
     manifest = load_manifest(shard_dir)
     entries = sorted(manifest["files"], key=lambda e: (SPLITS.index(e["split"]), e["index"]))
-    blocks = []
     for split in SPLITS:
         if split not in scored:
-            scored[split] = predict_logits(
-                model, ShardSplit.open(shard_dir, split).all_images(), spec, params.batch_size
-            )
-        blocks.append(scored[split])
+            scored[split] = split_logits(model, ShardSplit.open(shard_dir, split), spec, params.batch_size)
     roots = roots or {e["root"]: e["root"] for e in entries}
     dynamics = read_json(dynamics_path)
     aum, p_given = np.asarray(dynamics["aum"]), np.asarray(dynamics["p_given"])
     if len(aum) != sum(entry["split"] == "train" for entry in entries):
         raise StageError(f"{dynamics_path}: {len(aum)} training images, the shards have another train split; "
                          "rerun train (dvc repro train)")  # fmt: skip
-    ranking = label_error_ranking(np.concatenate(blocks), entries, spec.class_names, roots, params.label_errors,
+    logits = np.concatenate([scored[split] for split in SPLITS])
+    ranking = label_error_ranking(logits, entries, spec.class_names, roots, params.label_errors,
                                   train_aum=aum, train_p_given=p_given,
                                   times_trained=np.asarray(dynamics["times_trained"]))  # fmt: skip
     write_json(path, {

@@ -27,6 +27,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from tasks.core.blocks import block_rows
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
@@ -39,7 +40,7 @@ from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import TEMPERATURE_KEY, write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
 from tasks.release.quantize import calibration_sample, quantize_int8
-from tasks.training.models import load_model_file, normalize, predict_logits
+from tasks.training.models import load_model_file, normalize, split_logits
 from tasks.training.serialize import INPUT_NAME, export_onnx, export_torchscript, load_torchscript, torch_threads
 from tasks.training.tempered import temperature_of, tempered
 
@@ -83,12 +84,13 @@ def code_sha256(module: str = "tasks.export", root: Path | None = None) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def measure_timings(runtimes: dict[str, Any], images: np.ndarray, spec: PreprocessSpec, params: ExportParams,
+def measure_timings(runtimes: dict[str, Any], test: ShardSplit, spec: PreprocessSpec, params: ExportParams,
                     threads: int) -> dict[str, Any]:  # fmt: skip
-    """Latency (ms, median) of each runtime at each batch size, all measured side by side in this run."""
+    """Latency (ms, median) of each runtime at each batch size, all measured side by side in this run, on the
+    first test images (repeated when the split has fewer)."""
     latency: dict[str, dict[str, float]] = {}
     for batch in params.timing.batch_sizes:
-        x = normalize(torch.from_numpy(np.resize(images, (batch, *images.shape[1:]))), spec)
+        x = normalize(torch.from_numpy(test.take(np.arange(batch) % len(test))), spec)
         runners = {name: (lambda fn=fn, x=x: fn(x)) for name, fn in runtimes.items()}
         with torch.inference_mode():
             latency[f"batch_{batch}"] = median_latency_ms(runners, params.timing.repeats)
@@ -124,8 +126,8 @@ def run(
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
     metadata = _metadata(params, spec, payload, model_path, shard_dir)
-    images, labels = test.all_images(), test.labels
-    if len(images) == 0:
+    labels = test.labels
+    if len(test) == 0:
         raise StageError(f"{shard_dir}: the test split is empty; nothing to prove the export against")
     # torch and onnxruntime get the same thread count, so parity scoring and timings compare like for like
     with (
@@ -134,38 +136,38 @@ def run(
         atomic_path(onnx_path) as tmp_onnx,  # in place only once every gate passed
     ):
         export_onnx(model, spec, tmp_onnx, params.opset)
-        reference = predict_logits(model, images, spec, params.batch_size)
+        reference = split_logits(model, test, spec, params.batch_size)
         calibration = Calibration.of(drift or DriftParams(), seed)
-        fp32, fp32_logits, reference_fp32 = _scored_with_reference(tmp_onnx, {**metadata, "format": "onnx"}, images,
+        fp32, fp32_logits, reference_fp32 = _scored_with_reference(tmp_onnx, {**metadata, "format": "onnx"}, test,
                                                                    params, threads, calibration)  # fmt: skip
         onnx.checker.check_model(str(tmp_onnx), full_check=True)
-        report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(images), "opset": params.opset,
+        report: dict[str, Any] = {**parity(reference, fp32_logits), "num_samples": len(test), "opset": params.opset,
                                   "onnx_sha256": fp32.sha256, "temperature": temperature,
                                   "drift_reference": reference_fp32}  # fmt: skip
         checks = parity_checks("onnx", report, params)
         int8_gates: list[Check] = []
         runtimes = {"pytorch_eager": model, "onnx_fp32": lambda x: fp32.forward(x.numpy())}
         if "torchscript" in params.formats:
-            scripted, ts = _torchscript(model, spec, staging, metadata, reference, images, params)
+            scripted, ts = _torchscript(model, spec, staging, metadata, reference, test, params)
             report["torchscript"] = ts
             checks += parity_checks("torchscript", ts, params)
             runtimes["torchscript"] = scripted
         if "onnx_int8" in params.formats:
             sample = calibration_sample(shard_dir, params.int8.calibration_images, derive_seed(seed, "int8"))
             int8, report["onnx_int8"], int8_gates = _int8(tmp_onnx, fp32, staging, metadata, sample, fp32_logits,
-                                                          images, labels, params, threads, calibration)  # fmt: skip
+                                                          test, labels, params, threads, calibration)  # fmt: skip
             if int8 is not None:
                 runtimes["onnx_int8"] = lambda x: int8.forward(x.numpy())
         if temperature != 1.0:
             log.info("every format outputs the logits divided by temperature %g (model.pt's calibration), "
                      "compared with the same division in PyTorch", temperature)  # fmt: skip
-        log.info("gates on %d test images:", len(images))
+        log.info("gates on %d test images:", len(test))
         enforce(checks)
         for check in int8_gates:
             log.info("  %s", check.describe())
         if not all(c.passed for c in int8_gates):
             log.warning("%s refused by its gates and not written; check_regression fails on them", INT8_FILE)
-        timings = measure_timings(runtimes, images, spec, params, threads)
+        timings = measure_timings(runtimes, test, spec, params, threads)
         # DVC may later restore export.json from its run cache without rerunning export, leaving
         # this undeclared file from another model: the hashes say which model these numbers are for.
         timings["model"] = {"onnx_sha256": fp32.sha256, "model_sha256": metadata["model_sha256"]}
@@ -194,7 +196,7 @@ def _metadata(
 
 
 def _scored_with_reference(
-    path: Path, metadata: dict[str, str], images: np.ndarray, params: ExportParams, threads: int,
+    path: Path, metadata: dict[str, str], test: ShardSplit, params: ExportParams, threads: int,
     calibration: Calibration,
 ) -> tuple[OnnxModel, np.ndarray, dict[str, Any]]:  # fmt: skip
     """The ONNX file's metadata, then its logits on the test split, then its drift reference (its own predictions
@@ -203,7 +205,7 @@ def _scored_with_reference(
     false-alarm rate at its window sizes. The session over the final bytes, the logits, the reference."""
     write_metadata(path, metadata)
     scored = OnnxModel.load(path, threads=threads)
-    logits = scored.logits(images, params.batch_size)
+    logits = scored.logits(test.blocks(block_rows(scored.spec.image_size, params.batch_size)), params.batch_size)
     drift = build_reference(softmax(logits), scored.class_names, sizes=calibration.sizes,
                             false_alarm_rate=calibration.false_alarm_rate, seed=calibration.seed)  # fmt: skip
     write_metadata(path, {**metadata, REFERENCE_KEY: reference_json(drift)})
@@ -212,18 +214,18 @@ def _scored_with_reference(
 
 def _torchscript(
     model: torch.nn.Module, spec: PreprocessSpec, staging: Path, metadata: dict[str, str], reference: np.ndarray,
-    images: np.ndarray, params: ExportParams,
+    test: ShardSplit, params: ExportParams,
 ) -> tuple[torch.nn.Module, dict[str, Any]]:  # fmt: skip
     """TorchScript archive in `staging`, scored against PyTorch's logits."""
     export_torchscript(model, spec, staging / TORCHSCRIPT_FILE, {**metadata, "format": "torchscript"})
     scripted, _ = load_torchscript(staging / TORCHSCRIPT_FILE)
-    ts = parity(reference, predict_logits(scripted, images, spec, params.batch_size))
+    ts = parity(reference, split_logits(scripted, test, spec, params.batch_size))
     return scripted, {**ts, "sha256": sha256_file(staging / TORCHSCRIPT_FILE)}
 
 
 def _int8(
     fp32_path: Path, fp32: OnnxModel, staging: Path, metadata: dict[str, str], sample: np.ndarray,
-    fp32_logits: np.ndarray, images: np.ndarray, labels: np.ndarray, params: ExportParams, threads: int,
+    fp32_logits: np.ndarray, test: ShardSplit, labels: np.ndarray, params: ExportParams, threads: int,
     calibration: Calibration,
 ) -> tuple[OnnxModel | None, dict[str, Any], list[Check]]:  # fmt: skip
     """Static INT8 in `staging`, gated against fp32; the session (None when its gates refused it), report, gates.
@@ -233,7 +235,7 @@ def _int8(
     its accuracy vs the baseline. The file is not kept."""
     quantize_int8(fp32_path, staging / INT8_FILE, fp32.normalize(sample), input_name=INPUT_NAME,
                   per_channel=params.int8.per_channel, keep_head_fp32=params.int8.keep_head_fp32)  # fmt: skip
-    int8, int8_logits, _ = _scored_with_reference(staging / INT8_FILE, {**metadata, "format": "onnx_int8"}, images,
+    int8, int8_logits, _ = _scored_with_reference(staging / INT8_FILE, {**metadata, "format": "onnx_int8"}, test,
                                                   params, threads, calibration)  # fmt: skip
     q = int8_report(fp32_logits, int8_logits, labels)
     gates = int8_checks(q, params)

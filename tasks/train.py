@@ -113,7 +113,7 @@ def _train(
     resumed_from = loop.progress.step
     try:
         progress = loop.fit(loader=data.loader, sampler=data.sampler, dataset=run.start.dataset,
-                            validate=lambda m: validate(m, data.val_images, data.val_labels, spec, world))  # fmt: skip
+                            validate=lambda m: validate(m, data.val, data.val.labels, spec, world))  # fmt: skip
     finally:
         profile = run.telemetry.profile(num_workers=params.num_workers, device_type=device.type)
         run.telemetry.close()
@@ -124,7 +124,7 @@ def _train(
         test_hooks = planted(hooks)
         meta = run_metadata(params, run.start.recipe, checkpointer.identity, run.precision, world, data.sampler,
                             progress, run.runner.stats, run.built, in_sync, test_hooks)  # fmt: skip
-        fit = calibrate(run.runner.kept, data.val_images, data.val_labels, spec, enabled=params.calibrate)
+        fit = calibrate(run.runner.kept, data.val, data.val.labels, spec, enabled=params.calibrate)
         write_outputs(out, module=run.runner.kept, arch=params.arch, spec=spec, progress=progress, meta=meta,
                       provenance=model_provenance(provenance, run.built, test_hooks), calibration=fit)  # fmt: skip
         if profile["steps"]:  # a rerun of a finished run trains nothing: keep the real run's profile
@@ -181,7 +181,7 @@ def _setup(
                           histogram_every=params.histogram_every_steps, purge_step=purge)  # fmt: skip
     if world.is_main:
         write_batch_grids(train=first_batch(start.dataset, params.batch_size, epoch_one, params.imbalance),
-                          val=(data.val_images, data.val_labels), class_names=spec.class_names,
+                          val=data.val, class_names=spec.class_names,
                           augment=params.augment, train_png=out.train_batch, val_png=out.val_batch,
                           telemetry=telemetry)  # fmt: skip
     runner = StepRunner(

@@ -55,10 +55,9 @@ class PoolShard:
     blocks: list[np.ndarray] | None = None  # memory-mapped once verified
     offsets: np.ndarray | None = None
 
-    def verify(self) -> None:
-        """Its bytes are the ones recorded for it (ShardError otherwise)."""
-        if sha256_file(self.path) != self.sha256:
-            raise ShardError(f"{self.path}: checksum does not match its record")
+    def verify(self) -> bool:
+        """Are its bytes the ones recorded for it?"""
+        return sha256_file(self.path) == self.sha256
 
     def row(self, k: int) -> np.ndarray:
         """Row k, a view into the memory-mapped file (mapped on first use)."""
@@ -98,11 +97,13 @@ class Pool:
 
         def verified(shard: PoolShard) -> bool:
             try:
-                shard.verify()
-            except (OSError, ShardError) as exc:
-                log.warning("not reused, decoded again: %s", exc)
-                return False
-            return True
+                if shard.verify():
+                    return True
+                why = "its checksum does not match its record"
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+            log.warning("%s: not reused (%s); its images are decoded again", shard.path, why)
+            return False
 
         with ThreadPoolExecutor(threads) as pool:
             checks = list(pool.map(verified, usable))

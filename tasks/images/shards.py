@@ -237,6 +237,34 @@ class ShardSplit:
     def all_images(self) -> np.ndarray:
         return np.concatenate(self.images) if self.images else np.zeros((0, 3, 1, 1), np.uint8)
 
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Images start..stop-1 copied into one new writable (n, 3, S, S) array, a slice of each map they span."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows {start}..{stop} out of range for a split of {len(self)} images")
+        shape = self.images[0].shape[1:] if self.images else (3, 1, 1)
+        out = np.empty((stop - start, *shape), dtype=np.uint8)
+        block = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        row = start
+        while row < stop:
+            first, end = int(self.offsets[block]), int(self.offsets[block + 1])
+            count = min(stop, end) - row
+            out[row - start : row - start + count] = self.images[block][row - first : row - first + count]
+            row, block = row + count, block + 1
+        return out
+
+    def blocks(self, rows: int, indices: Sequence[int] | np.ndarray | None = None) -> map[np.ndarray]:
+        """The split in row order (or the images at `indices`, in their order) as an iterator of new writable
+        (n, 3, S, S) arrays of `rows` images (the last one fewer), each copied when the loop asks for it: a pass
+        over the whole split holds one block, where all_images() holds the split (N x 3 x S x S bytes)."""
+        if rows < 1:
+            raise ValueError(f"rows per block must be at least 1, got {rows}")
+        if indices is None:
+            return map(lambda start: self.span(start, min(start + rows, len(self))), range(0, len(self), rows))
+        picked = np.asarray(indices, dtype=np.int64)
+        if len(picked) and (picked.min() < 0 or picked.max() >= len(self)):
+            raise IndexError(f"indices out of range for a split of {len(self)} images")
+        return map(lambda start: self.take(picked[start : start + rows]), range(0, len(picked), rows))
+
 
 def class_counts(labels: Sequence[int], num_classes: int) -> list[int]:
     return np.bincount(np.asarray(labels, dtype=np.int64), minlength=num_classes).tolist()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from pydantic import ValidationError
 
+from tasks.core.blocks import batches
 from tasks.images.imaging import PreprocessSpec, load_array, normalize_array
 
 if TYPE_CHECKING:  # onnxruntime loads when a session is made: a gate that reuses its scores needs none
@@ -115,13 +116,19 @@ class OnnxModel:
         """uint8 (N, 3, S, S) -> float32, with the same function training used and this model's mean/std."""
         return normalize_array(images, self.spec)
 
-    def logits(self, images: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        """uint8 (N, 3, S, S) at the spec's size -> float32 logits (N, classes)."""
+    def logits(self, images: np.ndarray | Iterable[np.ndarray], batch_size: int = 256) -> np.ndarray:
+        """uint8 (N, 3, S, S) at the spec's size, or its rows in blocks (a split streamed: ShardSplit.blocks, the
+        same batches whatever the blocks) -> float32 logits (N, classes)."""
+        if isinstance(images, np.ndarray):
+            self._check(images)
+        outputs = [self.forward(self.normalize(self._check(batch))) for batch in batches(images, batch_size)]
+        return np.concatenate(outputs) if outputs else np.zeros((0, len(self.class_names)), np.float32)
+
+    def _check(self, images: np.ndarray) -> np.ndarray:
         size = self.spec.image_size
         if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (3, size, size):
             raise ValueError(f"expected uint8 (N, 3, {size}, {size}) images, got {images.dtype} {images.shape}")
-        outputs = [self.forward(self.normalize(images[i : i + batch_size])) for i in range(0, len(images), batch_size)]
-        return np.concatenate(outputs) if outputs else np.zeros((0, len(self.class_names)), np.float32)
+        return images
 
     def preprocess(self, data: bytes) -> np.ndarray:
         """Image bytes -> uint8 (3, S, S), exactly as the preprocess stage made the training shards."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.core.blocks import block_rows
 from tasks.core.metrics import classification_metrics
 from tasks.images.image_set import image_set_sha256, split_sha256
 from tasks.images.shards import MANIFEST, ShardError, ShardSplit, load_manifest
@@ -61,10 +62,10 @@ def split_images(shard_dir: Path, split: str = "test", manifest: Mapping[str, An
 
 
 def score_images(model: OnnxModel, shard_dir: Path, split: str = "test", batch_size: int = 256) -> SplitScores:
-    """The model's metrics on one split plus its prediction for every image of it."""
+    """The model's metrics on one split plus its prediction for every image of it, read a block at a time."""
     data = ShardSplit.open(shard_dir, split)
     data.require_classes(model.class_names, model.path)
-    logits = model.logits(data.all_images(), batch_size)
+    logits = model.logits(data.blocks(block_rows(model.spec.image_size, batch_size)), batch_size)
     metrics = classification_metrics(logits, data.labels, model.class_names)
     manifest = load_manifest(shard_dir)
     images = split_images(shard_dir, split, manifest)
@@ -93,6 +94,6 @@ def score_promoted_set(model: OnnxModel, shard_dir: Path, promoted: Collection[s
     data.require_classes(model.class_names, model.path)
     images = split_images(shard_dir, "test")
     rows = np.array([i for i, digest in enumerate(images) if digest in promoted], dtype=np.int64)
-    logits = model.logits(data.all_images()[rows], batch_size)
+    logits = model.logits(data.blocks(block_rows(model.spec.image_size, batch_size), rows), batch_size)
     metrics = classification_metrics(logits, np.asarray(data.labels)[rows], model.class_names)
     return {**metrics, "test_set_sha256": image_set_sha256(images[i] for i in rows)}

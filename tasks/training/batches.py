@@ -20,6 +20,7 @@ from torchvision.utils import make_grid
 
 from tasks.core.params import AugmentParams
 from tasks.core.plots import plot_image_grid
+from tasks.images.shards import ShardSplit
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World
 from tasks.training.loader import make_loader, sampler_for
@@ -59,16 +60,16 @@ def spread(count: int, take: int = GRID_IMAGES) -> np.ndarray:
 
 
 def write_batch_grids(
-    *, train: tuple[torch.Tensor, Sequence[int]], val: tuple[np.ndarray, np.ndarray], class_names: Sequence[str],
+    *, train: tuple[torch.Tensor, Sequence[int]], val: ShardSplit, class_names: Sequence[str],
     augment: AugmentParams, train_png: Path, val_png: Path, telemetry: Telemetry,
 ) -> None:  # fmt: skip
     train_images, train_labels = train[0][:GRID_IMAGES], list(train[1])[:GRID_IMAGES]
-    pick = spread(len(val[0]))
-    val_images, val_labels = val[0][pick], val[1][pick]
+    pick = spread(len(val))
+    val_images, val_labels = val.take(pick), val.labels[pick]
     plot_image_grid(train_images.numpy(), [class_names[i] for i in train_labels], train_png,
                     f"first training batch, {len(train_images)} of {len(train[0])}, as the model gets it: "
                     f"{describe(augment)}")  # fmt: skip
     plot_image_grid(val_images, [class_names[i] for i in val_labels.tolist()], val_png,
-                    f"validation images, {len(val_images)} of {len(val[0])}, no augmentation")  # fmt: skip
+                    f"validation images, {len(val_images)} of {len(val)}, no augmentation")  # fmt: skip
     telemetry.image("data/train_batch", make_grid(train_images, nrow=8))
     telemetry.image("data/val_batch", make_grid(torch.from_numpy(np.ascontiguousarray(val_images)), nrow=8))

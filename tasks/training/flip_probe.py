@@ -29,7 +29,7 @@ from tasks.training.augment import Augment
 from tasks.training.dataset import ShardDataset
 from tasks.training.distributed import World, resolve_device
 from tasks.training.loader import make_loader, sampler_for
-from tasks.training.models import build_model, predict_logits
+from tasks.training.models import build_model, split_logits
 from tasks.training.optim import Schedule, build_optimizer
 from tasks.training.precision import resolve_precision
 from tasks.training.step import StepRunner
@@ -83,7 +83,7 @@ class FlipProbe:
 
 
 def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec, seed: int, steps: int,
-         device: torch.device, val: tuple[np.ndarray, np.ndarray]) -> np.ndarray:  # fmt: skip
+         device: torch.device, val: ShardSplit) -> np.ndarray:  # fmt: skip
     """Per validation image: right after `steps` steps of the recipe, with or without flips."""
     # One epoch of `steps` steps: the run's schedule squeezed into the probe, its warmup the same share of it.
     warmup = float(params.warmup_epochs) / max(int(params.epochs), 1)
@@ -113,8 +113,7 @@ def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec
             if number == steps:
                 break
         epoch += 1
-    images, labels = val
-    return predict_logits(runner.kept, images, spec).argmax(1) == labels
+    return split_logits(runner.kept, val, spec).argmax(1) == val.labels
 
 
 def flip_probe(params: TrainParams, *, shard_dir: Path, spec: PreprocessSpec, seed: int,
@@ -127,11 +126,10 @@ def flip_probe(params: TrainParams, *, shard_dir: Path, spec: PreprocessSpec, se
     split = ShardSplit.open(shard_dir, "val")
     if not len(split.labels):
         return None
-    val = (split.all_images(), np.asarray(split.labels))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's own stream untouched
-        right = {flips: _arm(params, flips, shard_dir, spec, seed, steps, device, val) for flips in (True, False)}
+        right = {flips: _arm(params, flips, shard_dir, spec, seed, steps, device, split) for flips in (True, False)}
     lost, gained = discordant(right[False], right[True])
-    probe = FlipProbe(steps, int(params.batch_size), len(val[1]), int(right[True].sum()), int(right[False].sum()),
+    probe = FlipProbe(steps, int(params.batch_size), len(split), int(right[True].sum()), int(right[False].sum()),
                       lost, gained, mcnemar_p(lost, gained), time.perf_counter() - started)  # fmt: skip
     log.info("flip probe: %.1f s, %d steps with flips and %d without, scored on %d validation images", probe.seconds,
              steps, steps, probe.val_images)  # fmt: skip

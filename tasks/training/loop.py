@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from tasks.core.metrics import classification_metrics
 from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import ShardSplit
 from tasks.training.checkpoint import Checkpointer, capture_rng, restore_rng
 from tasks.training.distributed import (
     World,
@@ -31,7 +32,7 @@ from tasks.training.distributed import (
 )
 from tasks.training.dynamics import Dynamics
 from tasks.training.loader import StepSampler
-from tasks.training.models import predict_logits
+from tasks.training.models import predict_logits, split_logits
 from tasks.training.optim import set_train_mode
 from tasks.training.step import StepRunner
 
@@ -192,11 +193,16 @@ class EpochLoop:
 
 
 def validate(
-    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, spec: PreprocessSpec, world: World
+    model: torch.nn.Module, images: ShardSplit | np.ndarray, labels: np.ndarray, spec: PreprocessSpec, world: World
 ) -> dict[str, Any]:
-    """Validation metrics over the whole split; under DDP each rank scores every world-th image."""
+    """Validation metrics over the whole split (a ShardSplit is read a block at a time); under DDP each rank scores
+    every world-th image."""
     part = np.arange(len(labels))[world.rank :: world.size]
-    logits = predict_logits(model, images if world.size == 1 else images[part], spec)
+    mine = None if world.size == 1 else part
+    if isinstance(images, ShardSplit):
+        logits = split_logits(model, images, spec, indices=mine)
+    else:
+        logits = predict_logits(model, images if mine is None else images[mine], spec)
     full = np.zeros((len(labels), len(spec.class_names)), dtype=np.float32)
     for index, block in all_gather_objects((part, logits)):
         full[index] = block

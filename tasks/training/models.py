@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,11 @@ import numpy as np
 import torch
 import torchvision
 
+from tasks.core.blocks import batches, block_rows
 from tasks.core.io import atomic_file
 from tasks.core.params import ARCHS
 from tasks.images.imaging import PreprocessSpec
+from tasks.images.shards import ShardSplit
 
 
 def build_model(arch: str, num_classes: int) -> torch.nn.Module:
@@ -68,13 +71,23 @@ def load_model_file(path: Path) -> tuple[torch.nn.Module, PreprocessSpec, dict[s
 @torch.no_grad()
 @torch.inference_mode()
 def predict_logits(
-    model: torch.nn.Module, images: np.ndarray, spec: PreprocessSpec, batch_size: int = 256
+    model: torch.nn.Module, images: np.ndarray | Iterable[np.ndarray], spec: PreprocessSpec, batch_size: int = 256
 ) -> np.ndarray:
-    """uint8 (N, 3, H, W) -> float32 logits (N, classes), fp32, model in eval mode, on the model's device."""
+    """uint8 (N, 3, H, W), or its rows in blocks (a split streamed: ShardSplit.blocks, the same batches whatever
+    the blocks) -> float32 logits (N, classes), fp32, model in eval mode, on the model's device."""
     model.eval()
     device = next(model.parameters()).device
     outputs = [
-        model(normalize(torch.from_numpy(images[start : start + batch_size].copy()).to(device), spec)).float().cpu()
-        for start in range(0, len(images), batch_size)
+        model(normalize(torch.from_numpy(batch.copy()).to(device), spec)).float().cpu()
+        for batch in batches(images, batch_size)
     ]
     return torch.cat(outputs).numpy() if outputs else np.zeros((0, len(spec.class_names)), np.float32)
+
+
+def split_logits(
+    model: torch.nn.Module, split: ShardSplit, spec: PreprocessSpec, batch_size: int = 256,
+    indices: np.ndarray | None = None,
+) -> np.ndarray:  # fmt: skip
+    """predict_logits on a split's images (or those at `indices`, in their order), read a block at a time: memory
+    holds one block of pixels and the logits, whatever the split's size; the same bits as on all_images()."""
+    return predict_logits(model, split.blocks(block_rows(spec.image_size, batch_size), indices), spec, batch_size)

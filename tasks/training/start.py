@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from tasks.core.errors import StageError
@@ -56,8 +55,7 @@ class Data:
     sampler: StepSampler
     loader: torch.utils.data.DataLoader
     generator: torch.Generator
-    val_images: np.ndarray
-    val_labels: np.ndarray
+    val: ShardSplit  # memory-mapped: scored a block at a time, never held whole in memory
 
 
 @dataclass(frozen=True)
@@ -99,9 +97,8 @@ class Start:
     def data(self, world: World, *, pin_memory: bool = False) -> Data:
         """What the train stage's loop reads: the loader with the recipe's workers, and the val split."""
         val = ShardSplit.open(self.shard_dir, "val")
-        val_images = val.all_images()
         sampler, loader, generator = self.loader(world, num_workers=self.params.num_workers, pin_memory=pin_memory)
-        return Data(sampler, loader, generator, val_images, val.labels)
+        return Data(sampler, loader, generator, val)
 
     def model(self, params: TrainParams | None = None) -> Built:
         """train.arch with the weights it starts from (pretrained or init_from) and a frozen backbone if asked."""

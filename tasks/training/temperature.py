@@ -16,7 +16,8 @@ from scipy.optimize import minimize_scalar
 
 from tasks.core.calibration_error import expected_calibration_error, nll
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.models import predict_logits
+from tasks.images.shards import ShardSplit
+from tasks.training.models import predict_logits, split_logits
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,17 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> TemperatureFit:
 
 
 def calibrate(
-    model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, spec: PreprocessSpec, *, enabled: bool
-) -> TemperatureFit:
-    """The kept model's temperature from the whole validation split (train.calibrate), logged."""
+    model: torch.nn.Module, images: ShardSplit | np.ndarray, labels: np.ndarray, spec: PreprocessSpec, *,
+    enabled: bool,
+) -> TemperatureFit:  # fmt: skip
+    """The kept model's temperature from the whole validation split (train.calibrate; a ShardSplit is read a block
+    at a time), logged."""
     if not enabled:
         fit = TemperatureFit(1.0, False, "train.calibrate is false", len(labels), None, None, None, None)
     else:
-        fit = fit_temperature(predict_logits(model, images, spec), labels)
+        streamed = isinstance(images, ShardSplit)
+        logits = split_logits(model, images, spec) if streamed else predict_logits(model, images, spec)
+        fit = fit_temperature(logits, labels)
     if fit.applied:
         log.info("calibration: temperature %g fitted on %d validation images: NLL %.4f -> %.4f, ECE %.4f -> %.4f; "
                  "export divides the logits by it", fit.temperature, fit.val_images, fit.val_nll_before,
