@@ -1,7 +1,7 @@
 """Peak memory of the passes that read a whole split, streamed a block at a time against the whole split in RAM.
 
-    .venv/bin/python bench/bench_memory.py                     # 40,000 images of 224 px: 6 GB of shards, ~10 min
-    .venv/bin/python bench/bench_memory.py --images 8000       # quick: 1.2 GB of shards, about 2 minutes on 2 cores
+    .venv/bin/python bench/bench_memory.py                     # 40,000 images of 224 px: 5.6 GB of shards
+    .venv/bin/python bench/bench_memory.py --images 12000      # quick: 1.7 GB of shards, 2 min 16 s on 2 cores
     .venv/bin/python bench/bench_memory.py --keep DIR          # keep the shards; --shards DIR measures them again
 
 Synthetic shards (tests/helpers/shard_dirs.py: random pixels, train/val/test 80/10/10) are written once. Then each
