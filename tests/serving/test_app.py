@@ -98,7 +98,10 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def test_predict_equals_the_pipelines_evaluation_of_the_image(client: TestClient, project: Path) -> None:
-    model, spec, _ = load_model_file(project / "models" / "model.pt")
+    from tasks.training.tempered import temperature_of, tempered
+
+    model, spec, payload = load_model_file(project / "models" / "model.pt")
+    model = tempered(model, temperature_of(payload))  # the served probabilities are the calibrated ones
     shard_rows = {row.tobytes(): row for s in ("train", "val", "test") for row in ShardSplit.open(
         project / "shards", s).all_images()}  # fmt: skip
     checked = 0
