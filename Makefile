@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
-.PHONY: serve serve-venv reload predict add-data add-weights commit-run check-reproduced reproduce push pull review
+.PHONY: serve serve-venv reload predict add-data add-weights warm-start commit-run check-reproduced reproduce push pull review
 .PHONY: experiments sweep
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
@@ -129,6 +129,12 @@ WEIGHTS ?= DEFAULT
 add-weights: setup
 	@test -n "$(ARCH)" || { echo "error: ARCH is missing: make add-weights ARCH=resnet18 [WEIGHTS=IMAGENET1K_V1] [SRC=file]" >&2; exit 2; }
 	$(BIN)/python -m tasks.tools.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)")
+
+# The production model's weights (the promoted baseline's, else the last export's; its sha256 checked against the
+# ONNX) into paths.parent, `dvc add`ed: what train.warm_start.enabled starts the next training from. Then commit
+# models/parent/model.pt.dvc and parent.json, `dvc push`.
+warm-start: setup
+	$(BIN)/python -m tasks.tools.warm_start
 
 # Make this run's exported model (hash-verified) and its test metrics the baseline that
 # check_regression compares against; baseline/ files are `dvc add`ed. The gate then runs again against

@@ -57,10 +57,10 @@ class TrainResult:
 def run(
     params: TrainParams, *, seed: int, shard_dir: Path, model_path: Path, history_path: Path, plot_path: Path,
     runs_dir: Path, provenance: dict[str, str], checkpoint_dir: Path | None = None, run_meta_path: Path | None = None,
-    hooks: Hooks | None = None, pretrained_dir: Path | None = None,
+    hooks: Hooks | None = None, pretrained_dir: Path | None = None, parent_dir: Path | None = None,
 ) -> TrainResult:  # fmt: skip
     outputs = Outputs.beside(shard_dir, model_path, history_path, plot_path, runs_dir, checkpoint_dir, run_meta_path,
-                             pretrained_dir)  # fmt: skip
+                             pretrained_dir, parent_dir)  # fmt: skip
     world = distributed.world_from_env()
     try:
         device = distributed.resolve_device(params.device, world)
@@ -145,7 +145,7 @@ def _setup(
         warn_if_cores_busy(threads, world.local_size)
     seed_everything(derive_seed(seed, "train"), threads, device)
     start = training_start(params, seed=seed, shard_dir=out.shard_dir, pretrained_dir=out.pretrained,
-                           world_size=world.size)  # fmt: skip
+                           world_size=world.size, parent_dir=out.parent)  # fmt: skip
     params, spec = start.params, start.spec  # every `auto` replaced by its value from here on
     log.info("recipe: %s", start.recipe.summary())
     for reason in start.recipe.reasons():
@@ -207,7 +207,7 @@ def _main(p: Params, *, join: bool = False) -> None:
     result = run(
         p.train, seed=p.seed, shard_dir=p.paths.shards, model_path=p.paths.model, history_path=p.paths.train_history,
         plot_path=p.paths.train_curves, runs_dir=p.paths.runs, checkpoint_dir=p.paths.checkpoints,
-        run_meta_path=p.paths.train_run, pretrained_dir=p.paths.pretrained,
+        run_meta_path=p.paths.train_run, pretrained_dir=p.paths.pretrained, parent_dir=p.paths.parent,
         provenance={"params_sha256": section_hash(p.train), "seed": str(p.seed),
                     "data_manifest_sha256": sha256_file(p.paths.shards / MANIFEST)},
     )  # fmt: skip

@@ -155,6 +155,15 @@ class AugmentParams(Section):
         return self
 
 
+class WarmStartParams(Section):
+    """Start from the production model's weights (paths.parent, put there by `make warm-start`), shrunk and perturbed
+    (Ash & Adams 2020): every parameter becomes shrink x parent + perturb x this run's fresh initialisation."""
+
+    enabled: bool = Field(False, description="start from paths.parent/model.pt (make warm-start); false: from scratch")
+    shrink: float = Field(0.5, gt=0, le=1, description="the parent's weights times this (1: a plain warm start)")
+    perturb: float = Field(0.1, ge=0, le=1, description="plus this times the run's fresh initialisation (0: none)")
+
+
 class RecipeParams(Section):
     """What `auto` means for train.batch_size, lr, epochs and warmup_epochs (tasks/training/recipe.py)."""
 
@@ -277,6 +286,7 @@ class TrainParams(Section):
         "in paths.pretrained (make add-weights)",
     )
     init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
+    warm_start: WarmStartParams = WarmStartParams()
     freeze_backbone: bool = Field(False, description="train the head only; frozen BatchNorm stays in eval mode")
     nproc_per_node: int = Field(1, ge=1, description="> 1: DDP processes under torchrun --standalone")
     nnodes: int = Field(
@@ -307,6 +317,14 @@ class TrainParams(Section):
         if value is not None and pretrained is not None:
             raise ValueError(f"train.pretrained ({pretrained}) is set too: the model starts from one; leave one empty")
         return value
+
+    @model_validator(mode="after")
+    def _one_start_of_three(self) -> TrainParams:
+        other = "train.pretrained" if self.pretrained is not None else "train.init_from" if self.init_from else None
+        if self.warm_start.enabled and other:
+            raise ValueError(f"train.warm_start.enabled and {other} are both set: the model starts from one; "
+                             "leave one off")  # fmt: skip
+        return self
 
     @property
     def from_weights(self) -> bool:
@@ -383,6 +401,12 @@ class Rule(Section):
     direction: Literal["higher", "lower", "equal"] = Field("higher", description="equal: must match the baseline")
     abs_tol: float = Field(0.0, ge=0, description="allowed worsening, absolute")
     rel_tol: float = Field(0.0, ge=0, description="allowed worsening, relative to the baseline")
+    weight: float = Field(
+        1.0,
+        gt=0,
+        description="its share of the gate's alpha against the other rules of its group (the whole test "
+        "set, or one class), relative; a * rule's keys each get it (tasks/release/family.py)",
+    )
 
 
 class RegressionParams(Section):
@@ -392,7 +416,7 @@ class RegressionParams(Section):
     # (test_set_sha256 is no rule any more: the baseline is re-scored on today's test set, so it is equal by
     # construction; an older params.yaml that still lists it passes it.)
     rules: tuple[Rule, ...] = (
-        Rule(metric="accuracy", abs_tol=0.02),
+        Rule(metric="accuracy", abs_tol=0.02, weight=3.0),
         Rule(metric="macro_f1", abs_tol=0.02),
         Rule(metric="per_class.*.recall", abs_tol=0.05),
     )
@@ -400,8 +424,16 @@ class RegressionParams(Section):
         0.05,
         gt=0,
         lt=1,
-        description="the paired test's level: a rule fails only when its worsening is beyond tolerance and its "
-        "one-sided p-value (McNemar's exact test, or a paired bootstrap) is below alpha",
+        description="the gate's family-wise level: a rule fails only when its worsening is beyond tolerance and its "
+        "one-sided p-value (McNemar's exact test, or the paired sign-flip test), weighted-Holm adjusted over the "
+        "rules that can fail, is below alpha",
+    )
+    whole_share: float = Field(
+        0.8,
+        gt=0,
+        lt=1,
+        description="the share of alpha the whole-test-set rules (accuracy, macro metrics) keep "
+        "while per-class rules are in the family; the per-class rules share the rest (tasks/release/family.py)",
     )
     unjudged: Literal["warn", "fail"] = Field(
         "warn", description="a rule whose test images are too few to judge: warn (the verdict says so) or fail"

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 BASELINE_METRICS = "metrics.json"  # the promoted model's test metrics
 BASELINE_MODEL = "model.json"  # the promoted model's hashes and provenance
 BASELINE_ONNX = "model.onnx"  # the promoted model itself
+BASELINE_WEIGHTS = "model.pt"  # the PyTorch model it was exported from: what train.warm_start grows from
 BASELINE_DECISION = "decision.json"  # who promoted it, when, why, and the gate verdict a person set aside
 
 
@@ -35,6 +36,11 @@ class Paths(BaseModel):
     baseline: Path = Field(Path("baseline"), description="promoted baseline metrics (make promote)")
     pretrained: Path = Field(
         Path("models/pretrained"), description="torchvision's published weights files, DVC-tracked (make add-weights)"
+    )
+
+    parent: Path = Field(
+        Path("models/parent"),
+        description="the production model's weights for train.warm_start, DVC-tracked (make warm-start)",
     )
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -144,3 +150,7 @@ class Paths(BaseModel):
     @property
     def baseline_onnx(self) -> Path:
         return self.baseline / BASELINE_ONNX
+
+    @property
+    def baseline_weights(self) -> Path:
+        return self.baseline / BASELINE_WEIGHTS

@@ -3,7 +3,8 @@
 reports/regression.json (the ONNX model's metrics on the test split) + the hash-verified ONNX + the test
 split's manifest -> baseline/metrics.json, baseline/model.json (hashes, provenance), baseline/model.onnx and
 baseline/test_set.json (each promoted test image's content sha256 and class, so that check_regression can say
-which of a later test split's images are new) and baseline/decision.json (who, when, the gate's verdict, and
+which of a later test split's images are new), baseline/model.pt (the PyTorch model the ONNX came from, what
+`make warm-start` grows the next model from) and baseline/decision.json (who, when, the gate's verdict, and
 why it was set aside: tasks/tools/decision.py), each tracked by DVC (`dvc add`). Only this explicit command
 moves the baseline; the gate then runs against it (`dvc repro --single-item check_regression`), so dvc.lock
 records it; commit baseline/ afterwards. A failed or incomparable gate (a regression, a `different
@@ -27,7 +28,7 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import Params
-from tasks.core.paths import BASELINE_DECISION, BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX
+from tasks.core.paths import BASELINE_DECISION, BASELINE_METRICS, BASELINE_MODEL, BASELINE_ONNX, BASELINE_WEIGHTS
 from tasks.images.image_set import split_sha256
 from tasks.images.shards import MANIFEST, load_manifest
 from tasks.release import tracking
@@ -91,7 +92,8 @@ def run(
     decision = decision_record(verdict, model.sha256, accept)
     baseline_dir.mkdir(parents=True, exist_ok=True)
     files = (baseline_dir / BASELINE_METRICS, baseline_dir / BASELINE_MODEL, baseline_dir / BASELINE_ONNX,
-             baseline_dir / BASELINE_TEST_SET, baseline_dir / BASELINE_DECISION)  # fmt: skip
+             baseline_dir / BASELINE_TEST_SET, baseline_dir / BASELINE_DECISION,
+             baseline_dir / BASELINE_WEIGHTS)  # fmt: skip
     staged = [path.with_name(f".{path.name}.tmp-{os.getpid()}") for path in files]
     try:  # everything written beside the baseline first, then renamed in: never half a baseline
         write_json(staged[0], metrics)
@@ -101,6 +103,9 @@ def run(
             raise StageError(f"{onnx_path} changed while it was being copied to {files[2]}; promote again")
         write_json(staged[3], test_set)
         write_json(staged[4], decision)
+        shutil.copyfile(model_path, staged[5])  # make warm-start's parent (tasks/tools/warm_start.py)
+        if sha256_file(staged[5]) != record["model_sha256"]:
+            raise StageError(f"{model_path} changed while it was being copied to {files[5]}; promote again")
         for tmp, final in zip(staged, files, strict=True):
             os.replace(tmp, final)
     finally:

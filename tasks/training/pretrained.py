@@ -23,9 +23,11 @@ from torchvision.models import get_model_weights, get_weight
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file
 from tasks.core.params import TrainParams
+from tasks.core.paths import Paths
 from tasks.images.imaging import PreprocessSpec
 from tasks.training.checkpoint import load_init_weights
 from tasks.training.models import head_name
+from tasks.training.warm_start import warm_start
 
 log = logging.getLogger(__name__)
 HASH_IN_NAME = re.compile(r"-([a-f0-9]+)\.")  # torch.hub's HASH_REGEX: the file name carries its sha256's start
@@ -127,9 +129,13 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
 
 
 def start_weights(
-    model: torch.nn.Module, params: TrainParams, spec: PreprocessSpec, pretrained_dir: Path
-) -> dict[str, Any] | None:
-    """What the model starts from: train.pretrained, train.init_from or nothing; the transfer record."""
+    model: torch.nn.Module, params: TrainParams, spec: PreprocessSpec, pretrained_dir: Path,
+    parent_dir: Path | None = None,
+) -> dict[str, Any] | None:  # fmt: skip
+    """What the model starts from: train.pretrained, train.init_from, train.warm_start's parent (paths.parent) or
+    nothing; the transfer record."""
+    if params.warm_start.enabled:
+        return warm_start(model, params.warm_start, params.arch, list(spec.class_names), parent_dir or Paths().parent)
     if params.pretrained:
         weights = published(params.arch, params.pretrained)
         check_spec(weights, spec.mean, spec.std)

@@ -44,12 +44,13 @@ class Outputs:
     runs: Path  # TensorBoard logs and profile: <runs>/train/<run>
     checkpoints: Path  # <checkpoints>/<run>/last.pt, best.pt
     pretrained: Path  # train.pretrained's weights files (paths.pretrained)
+    parent: Path  # train.warm_start's parent model (paths.parent)
     environment: Path  # the train stage's environment record: part of the run identity (tasks/training/identity.py)
 
     @classmethod
     def beside(
         cls, shard_dir: Path, model: Path, history: Path, plot: Path, runs: Path, checkpoints: Path | None = None,
-        run_meta: Path | None = None, pretrained: Path | None = None,
+        run_meta: Path | None = None, pretrained: Path | None = None, parent: Path | None = None,
     ) -> Outputs:  # fmt: skip
         """The reports the stage writes beside `history` under their paths.* names; checkpoints under `runs`."""
         names = Paths()
@@ -57,7 +58,8 @@ class Outputs:
             shard_dir, model, history, plot, run_meta or history.with_name(names.train_run.name),
             history.with_name(names.train_dynamics.name), history.with_name(names.train_batch_png.name),
             history.with_name(names.val_batch_png.name), runs, checkpoints or runs / "checkpoints",
-            pretrained or names.pretrained, history.parent / names.environment.name / "train.json",
+            pretrained or names.pretrained, parent or names.parent,
+            history.parent / names.environment.name / "train.json",
         )  # fmt: skip
 
 
@@ -87,8 +89,9 @@ def run_metadata(
         "scaler_skipped_steps": stats.scaler_skipped,
         "nonfinite_steps": stats.nonfinite,
         "auto_batch": stats.auto_batch,
-        "init_from": model.transfer if model.transfer and "weights" not in model.transfer else None,
-        "pretrained": model.transfer if model.transfer and "weights" in model.transfer else None,
+        "init_from": model.transfer if _kind(model.transfer) == "init_from" else None,
+        "pretrained": model.transfer if _kind(model.transfer) == "pretrained" else None,
+        "warm_start": model.transfer["warm_start"] if _kind(model.transfer) == "warm_start" else None,
         "frozen_parameters": len(model.frozen),
         "best": {"metric": params.monitor, "value": progress.best, "epoch": progress.best_epoch},
         "coverage": progress.coverage,
@@ -97,13 +100,26 @@ def run_metadata(
     }
 
 
+def _kind(transfer: dict[str, Any] | None) -> str | None:
+    """Which start a transfer record is: pretrained (published weights), warm_start (the parent), init_from."""
+    if not transfer:
+        return None
+    return "pretrained" if "weights" in transfer else "warm_start" if "warm_start" in transfer else "init_from"
+
+
 def model_provenance(provenance: dict[str, str], model: Built, test_hooks: dict[str, str] | None) -> dict[str, Any]:
     """What model.pt says it came from: the params, seed and shards, the weights it started from, test hooks."""
     prov: dict[str, Any] = dict(provenance)
-    if model.transfer and "weights" in model.transfer:  # train.pretrained
+    kind = _kind(model.transfer)
+    if kind == "pretrained":
         prov.update(pretrained=model.transfer["weights"], pretrained_sha256=model.transfer["sha256"],
                     pretrained_published_file=str(model.transfer["published_file"]).lower())  # fmt: skip
-    elif model.transfer:
+    elif kind == "warm_start":  # the lineage: the production model this one grew from
+        lineage = model.transfer["warm_start"]
+        prov.update(parent_model_sha256=lineage["parent_model_sha256"],
+                    parent_onnx_sha256=str(lineage["parent_onnx_sha256"]),
+                    warm_start=f"shrink {lineage['shrink']:g}, perturb {lineage['perturb']:g}")  # fmt: skip
+    elif kind == "init_from":
         prov["init_from_sha256"] = model.transfer["sha256"]
     if test_hooks:
         prov["test_hooks"] = test_hooks

@@ -3,7 +3,7 @@ the tools that look at what it starts from (make sanity, make lr-find, make insp
 
 `training_start` gives the seeded, augmented train split, the resolved recipe (every `auto` replaced),
 and the spec; from it come the loader and its generator, the model before step 1 (architecture,
-pretrained or init_from weights, a frozen backbone), and the optimizer with its lr schedule. The train
+pretrained, init_from or warm-start weights, a frozen backbone), and the optimizer with its lr schedule. The train
 stage adds what only it needs (devices, DDP, checkpoints); the tools take the same pieces, so what they
 show is what training starts from. The train split's class counts decide train.imbalance auto (the recipe)
 and feed its remedy: the loss (`class_counts`, for the step runner) or the balanced sampler (`loader`).
@@ -21,6 +21,7 @@ import torch
 
 from tasks.core.errors import StageError
 from tasks.core.params import AUTO, Params, TrainParams, derive_seed
+from tasks.core.paths import Paths
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import ShardSplit, load_manifest
 from tasks.training.augment import Augment
@@ -66,6 +67,7 @@ class Start:
     recipe: Recipe  # every `auto` resolved: recipe.params
     shard_dir: Path
     pretrained_dir: Path  # paths.pretrained
+    parent_dir: Path  # paths.parent: train.warm_start's parent model
 
     @property
     def params(self) -> TrainParams:
@@ -104,7 +106,7 @@ class Start:
         """train.arch with the weights it starts from (pretrained or init_from) and a frozen backbone if asked."""
         params = params or self.params
         module = build_model(params.arch, len(self.spec.class_names))
-        transfer = start_weights(module, params, self.spec, self.pretrained_dir)
+        transfer = start_weights(module, params, self.spec, self.pretrained_dir, self.parent_dir)
         frozen = freeze_backbone(module) if params.freeze_backbone else []
         if frozen and transfer is None:
             log.warning("freeze_backbone without pretrained or init_from: only the head of a random backbone trains")
@@ -120,9 +122,10 @@ class Start:
 
 def training_start(
     train: TrainParams, *, seed: int, shard_dir: Path, pretrained_dir: Path, world_size: int = 1,
-    stream: str = "train", augment: bool = True,
+    stream: str = "train", augment: bool = True, parent_dir: Path | None = None,
 ) -> Start:  # fmt: skip
-    """The starting point: `seed` is params.seed; `stream` names what the seed is derived for."""
+    """The starting point: `seed` is params.seed; `stream` names what the seed is derived for; `parent_dir`:
+    paths.parent (train.warm_start), by default its params.yaml value."""
     seed = derive_seed(seed, stream)
     spec = PreprocessSpec.model_validate(load_manifest(shard_dir)["spec"])
     dataset = ShardDataset(shard_dir, "train", seed=seed)
@@ -144,10 +147,10 @@ def training_start(
                      flip_probe=flips if augment else None)  # fmt: skip
     if augment:
         dataset.augment = Augment(recipe.params.augment)
-    return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir)
+    return Start(seed, spec, dataset, recipe, shard_dir, pretrained_dir, parent_dir or Paths().parent)
 
 
 def start_of(p: Params, *, stream: str = "train", augment: bool = True) -> Start:
     """The starting point of params.yaml's train stage, for the tools."""
     return training_start(p.train, seed=p.seed, shard_dir=p.paths.shards, pretrained_dir=p.paths.pretrained,
-                          stream=stream, augment=augment)  # fmt: skip
+                          stream=stream, augment=augment, parent_dir=p.paths.parent)  # fmt: skip
