@@ -7,12 +7,15 @@ Two models are drawn image by image on a balanced test set of K classes x n imag
 "Overlap" is the share of the baseline's errors the candidate makes too (0: independent errors; the issue's table
 had 0 and 0.7); a wrong prediction goes to a random other class. Each run is judged by the real verdict code,
 called as check_regression calls it: `compare(metrics, baseline metrics, params.yaml's default rules,
-paired=Paired(...), alpha=0.05)` (accuracy, macro_f1 and per_class.*.recall; one Holm family).
+paired=Paired(...), alpha=0.05)` (accuracy, macro_f1 and per_class.*.recall; one family: Tarone's selection,
+weighted Holm).
 
 - equal models: the share of runs in which the gate fails at least one rule (must be <= alpha = 5%), with its
   Monte-Carlo standard error, and the mean share of rules not judged (too few images for alpha / m);
 - power: the candidate loses L points of recall in one class (the rest as equal as above); the share of runs in
-  which that class's rule fails, and the smallest L of the grid caught in >= 80% of runs.
+  which that class's rule fails, and the smallest L of the grid caught in >= 80% of runs;
+- whole-test-set power: the candidate 4 points worse over all images; the share of runs the gate fails with the
+  accuracy rule alone and with the default rules (adding rules must not make a real regression pass).
 The metrics dicts are computed from the confusion matrix with evaluate's formulas (one-hot logits of 500,000
 images x 1,000 classes would not fit); the gate itself is not re-implemented.
 """
@@ -31,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a file: the project's packages
 from tasks.core.metrics import confusion_matrix  # noqa: E402
-from tasks.core.params import RegressionParams  # noqa: E402
+from tasks.core.params import RegressionParams, Rule  # noqa: E402
 from tasks.release.paired import Paired  # noqa: E402
 from tasks.release.verdict import compare  # noqa: E402
 
@@ -75,6 +78,26 @@ def draw(rng: np.random.Generator, k: int, n: int, overlap: float, loss: float =
     baseline[both | base_only] = wrong_class(both | base_only)
     candidate[both] = baseline[both]  # a shared error is the same wrong class
     candidate[cand_only] = wrong_class(cand_only)
+    return Paired(labels, candidate, baseline, tuple(f"c{i}" for i in range(k)))
+
+
+def draw_whole(rng: np.random.Generator, k: int, n: int, drop: float, overlap: float) -> Paired:
+    """Both models' predictions on k x n images: the candidate `drop` worse over the whole test set, sharing
+    `overlap` of the baseline's errors (the same wrong class), its other errors on images the baseline got right."""
+    labels = np.repeat(np.arange(k), n)
+    base_wrong = rng.random(labels.size) < 1 - ACCURACY
+    cand_wrong = base_wrong & (rng.random(labels.size) < overlap)
+    extra = round((1 - ACCURACY + drop) * labels.size) - int(cand_wrong.sum())
+    cand_wrong[rng.choice(np.flatnonzero(~base_wrong), size=max(0, extra), replace=False)] = True
+
+    def wrong_class(mask: np.ndarray) -> np.ndarray:
+        return (labels[mask] + 1 + rng.integers(0, k - 1, int(mask.sum()))) % k
+
+    baseline, candidate = labels.copy(), labels.copy()
+    baseline[base_wrong] = wrong_class(base_wrong)
+    candidate[cand_wrong] = wrong_class(cand_wrong)
+    shared = base_wrong & cand_wrong
+    candidate[shared] = baseline[shared]
     return Paired(labels, candidate, baseline, tuple(f"c{i}" for i in range(k)))
 
 
@@ -164,21 +187,38 @@ def power(args: argparse.Namespace, rules: Any, rng: np.random.Generator) -> Non
         print(f"  overlap {overlap:g}: {100 * caught_share(rng, 100, 200, overlap, 0.1, runs, rules):.0f}%")
 
 
+def whole_power(args: argparse.Namespace, rules: Any, rng: np.random.Generator) -> None:
+    print("\n(c) power for a whole-test-set regression: the candidate 4 points worse over all images (tolerance 2),")
+    print("    sharing 70% of the baseline's errors; the share of runs in which the gate fails, by rule set (the same")
+    print("    draws for both)")
+    alone = (Rule(metric="accuracy", abs_tol=0.02),)
+    head = f"{'classes':>7} {'images/class':>12} {'runs':>5}  {'accuracy alone':>14} {'default rules':>13}"
+    print(head)
+    print("-" * len(head))
+    for k, n in ((10, 50), (10, 100), (50, 20), (50, 100), (100, 20), (100, 50)):
+        runs = runs_for(k, args.power_runs * 5)
+        draws = [draw_whole(rng, k, n, 0.04, 0.7) for _ in range(runs)]
+        shares = [np.mean([not gate(p, chosen).passed for p in draws]) for chosen in (alone, rules)]
+        print(f"{k:>7} {n:>12} {runs:>5}  {100 * shares[0]:13.0f}% {100 * shares[1]:12.0f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=100, help="runs per equal-models cell (fewer on big test sets)")
     parser.add_argument("--power-runs", type=int, default=40, help="runs per power cell (fewer on big test sets)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=("equal", "power"), default=None)
+    parser.add_argument("--only", choices=("equal", "power", "whole"), default=None)
     args = parser.parse_args()
     rules = RegressionParams().rules
     rng = np.random.default_rng(args.seed)
     start = time.perf_counter()
     print(f"rules: {', '.join(r.metric for r in rules)}; class accuracy {ACCURACY}; seed {args.seed}")
-    if args.only != "power":
+    if args.only in (None, "equal"):
         equal_models(args, rules, rng)
-    if args.only != "equal":
+    if args.only not in ("equal", "whole"):
         power(args, rules, rng)
+    if args.only in (None, "whole"):
+        whole_power(args, rules, rng)
     print(f"\n{time.perf_counter() - start:.0f} s")
 
 

@@ -155,7 +155,8 @@ def run(
             change = promoted_set_change(baseline_dir, candidate.scores, names)
             paired = Paired(candidate.scores.labels, candidate.scores.predicted, scored.scores.predicted, names)
             verdict = compare(metrics, scored.scores.metrics, params.rules, paired=paired, alpha=params.alpha,
-                              baseline_note=rescored_note(change, baseline_dir), unjudged=params.unjudged)  # fmt: skip
+                              baseline_note=rescored_note(change, baseline_dir), unjudged=params.unjudged,
+                              whole_share=params.whole_share)  # fmt: skip
             rescored = {"onnx_sha256": scored.onnx_sha256, "metrics": scored.scores.metrics,
                         "scored": {"key": scored.key}, "test_set": change}  # fmt: skip
     verdict = verdict.with_gates(export_gates(export_report))

@@ -28,7 +28,8 @@ import numpy as np
 
 from tasks.core.mcnemar import discordant, mcnemar_p
 
-PERMUTATION_RESAMPLES = 9999  # random swaps when 2^d is more; p can then be no smaller than 1 / 10,000
+PERMUTATION_RESAMPLES = 9999  # random swaps when 2^d is more, at least; p can then be no smaller than 1 / 10,000
+MAX_RESAMPLES = 10**7 - 1  # at most: a level of 1e-6 (alpha 0.05 over 50,000 rules); early stops keep it rare
 PERMUTATION_SEED = 0
 STOP_AFTER = 10  # sampled swaps at least as bad as the observed one that end the draw early (Besag & Clifford)
 EPS = 1e-12  # a worsening equal to the tolerance is within it, whatever the float rounding
@@ -66,10 +67,16 @@ def judgeable(allowed: float, n: int, alpha: float, *, two_sided: bool = False) 
     return k <= n and mcnemar_p(k, 0, two_sided=two_sided) < alpha
 
 
-def sign_flip_floor(n: int, *, two_sided: bool = False) -> float:
-    """The smallest p the sign-flip test can give on `n` images: every image differing, every swap better for
-    the baseline (2^-n), or one in PERMUTATION_RESAMPLES + 1 once it samples swaps instead of enumerating them."""
-    floor = max(0.5 ** min(n, 1074), 1 / (PERMUTATION_RESAMPLES + 1))
+def resamples_for(level: float) -> int:
+    """Random swaps enough for the sign-flip test to reach `level` (its smallest p, 1 / (resamples + 1), a tenth
+    of it): the draw scales with the family, so a rule that could fail is never unjudged for want of swaps."""
+    return int(min(MAX_RESAMPLES, max(PERMUTATION_RESAMPLES, math.ceil(10 / max(level, 1e-300)) - 1)))
+
+
+def sign_flip_floor(n: int, *, two_sided: bool = False, resamples: int = MAX_RESAMPLES) -> float:
+    """The smallest p the sign-flip test can give on `n` differing images: every swap better for the baseline
+    (2^-n), or one in resamples + 1 once it samples swaps instead of enumerating them."""
+    floor = max(0.5 ** min(n, 1074), 1 / (resamples + 1))
     return min(1.0, 2 * floor) if two_sided else floor
 
 
@@ -95,21 +102,46 @@ class PairedStats:
         self.predicted = {"candidate": np.asarray(paired.candidate, dtype=np.int64),
                           "baseline": np.asarray(paired.baseline, dtype=np.int64)}  # fmt: skip
         self.class_names = paired.class_names
-        self._cache: dict[tuple[str, str], tuple[int, float, str] | None] = {}
+        self._cache: dict[tuple[str, str, int], tuple[int, float, str] | None] = {}
         self._by_class = np.argsort(self.labels, kind="stable")  # the images of each class, one slice each
         self._starts = np.searchsorted(self.labels[self._by_class], np.arange(len(self.class_names) + 1))
         self._index = {name: i for i, name in enumerate(self.class_names)}
 
-    def test(self, metric: str, direction: str) -> tuple[int, float, str] | None:
-        """(images, p, test) of the paired test that judges `metric` (McNemar for a fraction of a set of images,
-        else the sign-flip test), or None when the predictions do not give the metric (the tolerance decides)."""
-        key = (metric, direction)
+    def kind(self, metric: str) -> str | None:
+        """The paired test that judges `metric`: McNemar for a fraction of a set of images, the sign-flip test for
+        another metric of the confusion matrix, None for anything else (the tolerance decides)."""
+        if self.proportion_set(metric) is not None:
+            return MCNEMAR
+        return SIGN_FLIP if self._metric_of(metric) is not None else None
+
+    def floor(self, metric: str, direction: str, allowed: float) -> float | None:
+        """The smallest p of a loss beyond `allowed` that these predictions could give (Tarone's minimum attainable
+        p, fixed by which images differ, not by who got them right); None when no such loss is possible: McNemar
+        on d discordant images of a set of n needs d >= the smallest failing loss and then gives 0.5^d at best; the
+        sign-flip test needs a differing image (2^-d)."""
+        two = 2.0 if direction == "equal" else 1.0
+        rows = self.proportion_set(metric)
+        if rows is not None:
+            right = [self.predicted[m][rows] == self.labels[rows] for m in ("candidate", "baseline")]
+            d = int((right[0] != right[1]).sum())
+            if d < smallest_failing_loss(allowed, len(rows)):
+                return None
+            return min(1.0, two * 0.5 ** min(d, 1074))
+        d = int((self.predicted["candidate"] != self.predicted["baseline"]).sum())
+        return None if d == 0 else min(1.0, two * 0.5 ** min(d, 1074))
+
+    def test(
+        self, metric: str, direction: str, resamples: int = PERMUTATION_RESAMPLES
+    ) -> tuple[int, float, str] | None:
+        """(images, p, test) of the paired test that judges `metric` (`kind`), or None when the predictions do not
+        give the metric; the sign-flip test draws up to `resamples` random swaps (`resamples_for` a level)."""
+        key = (metric, direction, resamples)
         if key not in self._cache:
             rows = self.proportion_set(metric)
             if rows is not None:
                 self._cache[key] = (*self.mcnemar(rows, direction), MCNEMAR)
             else:
-                p = self.sign_flip_p(metric, direction)
+                p = self.sign_flip_p(metric, direction, resamples)
                 self._cache[key] = None if p is None else (len(self.labels), p, SIGN_FLIP)
         return self._cache[key]
 
@@ -131,7 +163,7 @@ class PairedStats:
             lost, won = won, lost
         return len(right["baseline"]), mcnemar_p(lost, won, two_sided=direction == "equal")
 
-    def sign_flip_p(self, metric: str, direction: str) -> float | None:
+    def sign_flip_p(self, metric: str, direction: str, resamples: int = PERMUTATION_RESAMPLES) -> float | None:
         """The paired sign-flip permutation test's p of the candidate being worse on `metric` (`equal`: two-sided);
         None when the confusion matrix does not give the metric. Exact (every swap) when 2^d <= RESAMPLES + 1."""
         value = self._metric_of(metric)
@@ -170,22 +202,22 @@ class PairedStats:
             return float({"less": less, "greater": greater, "two-sided": min(1.0, 2 * min(less, greater))}[alternative])
         kwargs = {"permutation_type": "samples", "vectorized": True, "alternative": alternative}
         data, batch = (ours, theirs), max(1, _CHUNK // d)
-        if d < 60 and 2**d <= PERMUTATION_RESAMPLES + 1 or direction == "equal":  # every swap, or no early stop
+        if d < 60 and 2**d <= resamples + 1 or direction == "equal":  # every swap, or no early stop
             from scipy.stats import permutation_test  # here: importing scipy.stats costs every no-op repro 0.5 s
 
-            result = permutation_test(data, statistic, n_resamples=PERMUTATION_RESAMPLES, batch=batch,
+            result = permutation_test(data, statistic, n_resamples=resamples, batch=batch,
                                       rng=PERMUTATION_SEED, **kwargs)  # fmt: skip
             return float(min(1.0, result.pvalue))
         # Random swaps, drawn here: scipy's random branch of permutation_type="samples" loops in Python over the d
         # images (seconds per batch at d = 100,000). Besag & Clifford (1991), sequential Monte Carlo p-values: draw
         # until STOP_AFTER swaps are at least as bad for the candidate as the observed one, at the l-th: p =
-        # STOP_AFTER / l (a valid p-value); else, after PERMUTATION_RESAMPLES, (bad + 1) / (RESAMPLES + 1) as
+        # STOP_AFTER / l (a valid p-value); else, after `resamples`, (bad + 1) / (resamples + 1) as
         # scipy gives it. Equal models stop within a few dozen swaps.
         observed = float(statistic(ours, theirs))
         tie = abs(np.finfo(np.float64).eps * 100 * observed)  # scipy's tolerance for theoretically equal values
         rng, seen, bad, size = np.random.default_rng(PERMUTATION_SEED), 0, 0, 64
-        while seen < PERMUTATION_RESAMPLES:
-            size = min(size, PERMUTATION_RESAMPLES - seen, batch)
+        while seen < resamples:
+            size = min(size, resamples - seen, batch)
             drawn = statistic(np.where(rng.random((size, d)) < 0.5, theirs, ours), None)
             worse = drawn <= observed + tie if alternative == "less" else drawn >= observed - tie
             count = bad + np.cumsum(worse)
@@ -193,7 +225,7 @@ class PairedStats:
             if stop.size:
                 return STOP_AFTER / (seen + int(stop[0]) + 1)
             bad, seen, size = int(count[-1]), seen + size, size * 4
-        return (bad + 1) / (PERMUTATION_RESAMPLES + 1)
+        return (bad + 1) / (resamples + 1)
 
     def _metric_of(self, metric: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None:
         """(true positives, predictions, support) per class, (rows, classes) -> the metric per row; None when the

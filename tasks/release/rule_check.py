@@ -1,5 +1,5 @@
 """One gate rule on one concrete key: its value against the baseline's, its tolerance, and (given both models'
-predictions) its paired test at the level Holm's correction gives it, or why it cannot be judged. Pure.
+predictions) its paired test at the level its place in the family gives it, or why it cannot be judged. Pure.
 The rules as a family, and the verdict, are tasks/release/verdict.py.
 """
 
@@ -11,8 +11,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.core.params import Rule
-from tasks.release.family import strictest_level
-from tasks.release.paired import EPS, MCNEMAR, PairedStats, images_needed, judgeable, sign_flip_floor
+from tasks.release.paired import (
+    EPS,
+    MCNEMAR,
+    PERMUTATION_RESAMPLES,
+    PairedStats,
+    images_needed,
+    judgeable,
+    resamples_for,
+    sign_flip_floor,
+)
 
 Value = float | str
 
@@ -33,8 +41,8 @@ class RuleResult:
     n: int | None = None  # images the paired test ran on (None: no paired test)
     p_value: float | None = None  # one-sided p of "the candidate is worse" (two-sided for `equal`)
     test: str = ""  # McNemar | sign-flip | tolerance only; "" without per-image predictions
-    judged: bool = True  # False: its test cannot reach Holm's strictest level, and no significant loss was seen
-    p_adjusted: float | None = None  # Holm's adjusted p over the verdict's paired rules: < alpha fails
+    judged: bool = True  # False: its test cannot reach the highest level the family could give it, on its images
+    p_adjusted: float | None = None  # weighted Holm's adjusted p over the family: < alpha fails
     needs: int | None = None  # test images it would need to be judged (None: judged, or no number is enough)
 
     def describe(self) -> str:
@@ -91,6 +99,30 @@ def _node(tree: Mapping[str, Any], dotted: str) -> Any:
 # -- one rule ----------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Standing:
+    """A paired rule's place in the gate's family (tasks/release/verdict.py, family.py)."""
+
+    weight: float  # its share of alpha (Tarone's selection, weighted Holm); 0: out of the family, it cannot fail
+    adjusted: float  # its weighted-Holm adjusted p over the family (1.0 out of it)
+    family: int  # rules in the family
+    floor: float | None  # the smallest p a loss beyond its tolerance could give on these predictions; None: none
+    best: float  # the largest weight its group lets it have: the level `judged` asks its test to be able to reach
+
+    @classmethod
+    def alone(cls, p: float, floor: float | None) -> Standing:
+        return cls(weight=1.0, adjusted=p, family=1, floor=floor, best=1.0)
+
+
+def tolerance(rule: Rule, metrics: Mapping[str, Any], baseline: Mapping[str, Any], metric: str) -> float | None:
+    """The worsening `rule` allows on `metric`, max(abs_tol, rel_tol x |baseline|); None unless both are finite
+    numbers (then check_rule fails or compares them without a paired test)."""
+    value, base = lookup(metrics, metric), lookup(baseline, metric)
+    if not isinstance(value, float) or not isinstance(base, float) or not math.isfinite(value + base):
+        return None
+    return round(max(rule.abs_tol, rule.rel_tol * abs(base)), 6)
+
+
 def check_rule(
     rule: Rule,
     metrics: Mapping[str, Any],
@@ -99,12 +131,11 @@ def check_rule(
     *,
     stats: PairedStats | None = None,
     alpha: float = 0.05,
-    family: int = 1,
-    adjusted: float | None = None,
+    standing: Standing | None = None,
 ) -> RuleResult:
     """Check one rule on one concrete key (`metric`, default: the rule's own key); with `stats`, a worsening
-    beyond the tolerance fails only when the paired test finds it significant: `adjusted` (its Holm-adjusted p in
-    a family of `family` paired rules; default its own p) < alpha."""
+    beyond the tolerance fails only when the paired test finds it significant: its adjusted p in the family
+    (`standing`; default: the rule alone, its own p) < alpha."""
     metric = metric or rule.metric
     value, base = lookup(metrics, metric), lookup(baseline, metric)
     test = TOLERANCE if stats is not None else ""
@@ -129,31 +160,49 @@ def check_rule(
     beyond = worsening > allowed + EPS
     what = "differs" if rule.direction == "equal" else "worse"
     excess = f"{what} by {worsening:.6g}, more than the {allowed:.6g} allowed"
-    tested = stats.test(metric, rule.direction) if stats is not None else None
-    if tested is None:  # no per-image predictions, or not a metric of them (loss, a hash): the tolerance decides
+    kind = stats.kind(metric) if stats is not None else None
+    if kind is None:  # no per-image predictions, or not a metric of them (loss, a hash): the tolerance decides
         return result(round(delta, 6), allowed, not beyond, excess if beyond else "ok")
 
+    two_sided = rule.direction == "equal"
+    if standing is None:
+        tested = stats.test(metric, rule.direction, resamples_for(alpha))
+        standing = Standing.alone(tested[1], stats.floor(metric, rule.direction, allowed))
+    else:
+        level = alpha * (standing.weight or standing.best)
+        tested = stats.test(metric, rule.direction, resamples_for(level) if kind != MCNEMAR else PERMUTATION_RESAMPLES)
     n, p, name = tested
-    held = p if adjusted is None else adjusted
-    shown = f"p {p:.2g}" if family == 1 else f"p {p:.2g}, Holm-adjusted over {family} rules {held:.2g}"
-    judged, needs, short = _judgeable(name, allowed, n, alpha, family, rule.direction == "equal")
+    held, level = standing.adjusted, alpha * standing.weight
+    if standing.family == 1:
+        shown = f"p {p:.2g}"
+    else:
+        shown = f"p {p:.2g}, weighted-Holm-adjusted over {standing.family} rules {held:.2g}"
+    # No image differing enough to lose beyond the tolerance (Tarone's floor None) is a certain pass, judged; else
+    # a rule is judged when its test could reach the highest level the family can give it on its images.
+    judged, needs, short = (True, None, "") if standing.floor is None else _judgeable(
+        name, allowed, n, alpha, standing.best, two_sided)  # fmt: skip
     paired = {"test": name, "n": n, "p_value": float(f"{p:.4g}"), "p_adjusted": float(f"{held:.4g}")}
-    if beyond and held < alpha:
+    if beyond and standing.weight > 0 and held < alpha:
         return result(round(delta, 6), allowed, False, f"{excess} ({shown} < alpha {alpha:g})", **paired)
     if not judged:
         return result(round(delta, 6), allowed, True, short, judged=False, needs=needs, **paired)
-    if beyond:
+    if beyond and standing.weight > 0:
         return result(round(delta, 6), allowed, True, f"{excess}, within chance ({shown} >= alpha {alpha:g})",
+                      **paired)  # fmt: skip
+    if beyond:  # Tarone: the images the two models disagree on cannot give a p below any level it could hold
+        floor = f"p {standing.floor:.2g} at best" if standing.floor is not None else "no p"
+        return result(round(delta, 6), allowed, True, f"{excess}, within chance (the images the two models "
+                      f"disagree on can give {floor}, not below its share of alpha {alpha:g}; p {p:.2g})",
                       **paired)  # fmt: skip
     return result(round(delta, 6), allowed, True, "ok", **paired)
 
 
-def _judgeable(test: str, allowed: float, n: int, alpha: float, family: int, two_sided: bool,
+def _judgeable(test: str, allowed: float, n: int, alpha: float, best: float, two_sided: bool,
                ) -> tuple[bool, int | None, str]:  # fmt: skip
-    """(judged, images it would need, why not) of a rule whose test on `n` images must be able to reach alpha /
-    family, the strictest level Holm may hold it to."""
-    level = strictest_level(alpha, family)
-    at = f"p < alpha / {family} = {level:.3g}" if family > 1 else f"p < alpha = {level:g}"
+    """(judged, images it would need, why not) of a rule whose test on `n` images must be able to reach alpha x
+    best, the highest level the family can give it (when its loss is all the models' disagreement)."""
+    level = alpha * best
+    at = f"p < alpha x {best:.3g} = {level:.3g}" if best < 1 else f"p < alpha = {level:g}"
     if test == MCNEMAR:
         if judgeable(allowed, n, level, two_sided=two_sided):
             return True, None, ""
@@ -161,7 +210,7 @@ def _judgeable(test: str, allowed: float, n: int, alpha: float, family: int, two
         if needs is None:
             return False, None, f"cannot be judged: no number of images lets a loss just beyond {allowed:g} reach {at}"
         return False, needs, f"too few images to judge: {n}, needs {needs} (for {at})"
-    floor = sign_flip_floor(n, two_sided=two_sided)
+    floor = sign_flip_floor(n, two_sided=two_sided, resamples=resamples_for(level))
     if floor < level:
         return True, None, ""
     return False, None, f"cannot be judged: the sign-flip test's smallest p on {n} images is {floor:.2g}, not {at}"

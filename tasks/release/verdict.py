@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from tasks.core.params import Rule
-from tasks.release.family import holm_adjusted
-from tasks.release.paired import MCNEMAR, SIGN_FLIP, Paired, PairedStats
+from tasks.core.params import RegressionParams, Rule
+from tasks.release.family import CLASS, WHOLE, best_weights, tarone_weights, weighted_holm
+from tasks.release.paired import MCNEMAR, PERMUTATION_RESAMPLES, SIGN_FLIP, Paired, PairedStats, resamples_for
 from tasks.release.parity import Check
-from tasks.release.rule_check import TOLERANCE, RuleResult, Value, cell, check_rule, expand, lookup
+from tasks.release.rule_check import TOLERANCE, RuleResult, Standing, Value, cell, check_rule, expand, lookup, tolerance
 from tasks.release.test_set_match import describe_test_set, mismatch
 
 __all__ = ["MCNEMAR", "SIGN_FLIP", "TOLERANCE", "RuleResult", "Value", "Verdict", "cell", "check_rule", "compare",
@@ -50,7 +50,7 @@ class Verdict:
     alpha: float | None = None  # the paired tests' family-wise level; None: no per-image predictions, tolerance only
     baseline_note: str = ""  # how the baseline side was scored ("baseline re-scored on today's test set: ...")
     unjudged: str = "warn"  # regression.unjudged: a rule not judged passes and is counted (warn), or fails (fail)
-    family: int = 0  # rules with a paired test: Holm's m
+    family: int = 0  # paired rules that can fail on these predictions (Tarone): the weighted Holm family
 
     @property
     def status(self) -> str:
@@ -137,6 +137,7 @@ def compare(
     alpha: float = 0.05,
     baseline_note: str = "",
     unjudged: str = "warn",
+    whole_share: float = RegressionParams.model_fields["whole_share"].default,
 ) -> Verdict:
     """Every rule checked; with no baseline at all the verdict passes and says so.
 
@@ -152,27 +153,40 @@ def compare(
         if different:
             return Verdict(passed=False, has_baseline=True, results=(), mismatch=different,
                            baseline_note=baseline_note)  # fmt: skip
-    checks: list[tuple[Rule, str]] = []
-    results: list[RuleResult] = []
+    checks: list[tuple[Rule, str]] = []  # key "": a pattern that matches nothing
     for rule in rules:
         keys = expand(rule.metric, baseline) if "*" in rule.metric else [rule.metric]
-        if not keys:
-            results.append(RuleResult(rule.metric, rule.metric, rule.direction, None, None, None, None, False,
-                                      "matches nothing in the baseline"))  # fmt: skip
-            checks.append((rule, ""))
-        for key in keys:
-            results.append(check_rule(rule, metrics, baseline, key, stats=stats, alpha=alpha))
-            checks.append((rule, key))
-    family = [i for i, r in enumerate(results) if r.p_value is not None]
-    if stats is not None and family:  # judged again as one family: Holm's adjusted p against alpha
-        raw = [stats.test(checks[i][1], checks[i][0].direction) for i in family]
-        adjusted = holm_adjusted([t[1] for t in raw if t is not None])
-        for i, held in zip(family, adjusted, strict=True):
-            rule, key = checks[i]
-            results[i] = check_rule(rule, metrics, baseline, key, stats=stats, alpha=alpha, family=len(family),
-                                    adjusted=held)  # fmt: skip
+        checks += [(rule, key) for key in keys or [""]]
+    family, standing = 0, {}
+    if stats is not None:  # the paired rules as one family: Tarone's selection, weighted Holm (family.py)
+        allowed = [tolerance(rule, metrics, baseline, key) for rule, key in checks]
+        inside = [i for i, (_, key) in enumerate(checks) if key and allowed[i] is not None and stats.kind(key)]
+        groups = [CLASS if checks[i][1].startswith("per_class.") else WHOLE for i in inside]
+        floors = [stats.floor(checks[i][1], checks[i][0].direction, allowed[i]) for i in inside]
+        relative = [checks[i][0].weight for i in inside]
+        weights = tarone_weights(floors, groups, relative, alpha, whole_share)
+        best = best_weights(groups, relative, whole_share)
+        p_values = [_p(stats, checks[i], alpha * (w or b)) for i, w, b in zip(inside, weights, best, strict=True)]
+        adjusted = weighted_holm(p_values, weights)
+        family = sum(w > 0 for w in weights)
+        standing = {i: Standing(w, a, family, f, b) for i, w, a, f, b in zip(inside, weights, adjusted, floors, best,
+                                                                                 strict=True)}  # fmt: skip
+    results = [
+        check_rule(rule, metrics, baseline, key, stats=stats, alpha=alpha, standing=standing.get(i)) if key
+        else RuleResult(rule.metric, rule.metric, rule.direction, None, None, None, None, False,
+                        "matches nothing in the baseline")
+        for i, (rule, key) in enumerate(checks)
+    ]  # fmt: skip
     if unjudged == "fail":
         results = [replace(r, passed=False) if not r.judged else r for r in results]
     return Verdict(passed=all(r.passed for r in results), has_baseline=True, results=tuple(results),
                    alpha=alpha if stats is not None else None, baseline_note=baseline_note, unjudged=unjudged,
-                   family=len(family))  # fmt: skip
+                   family=family)  # fmt: skip
+
+
+def _p(stats: PairedStats, check: tuple[Rule, str], level: float) -> float:
+    """The rule's paired p, the sign-flip test drawing swaps enough for `level`."""
+    rule, key = check
+    resamples = resamples_for(level) if stats.kind(key) != MCNEMAR else PERMUTATION_RESAMPLES
+    tested = stats.test(key, rule.direction, resamples)
+    return 1.0 if tested is None else tested[1]

@@ -1,5 +1,5 @@
 """The gate's verdict as a table: an aligned text table for the log, a Markdown one for regression.md and the
-flows' artifacts, one row per checked key (with a paired test, also its images, p-value (and Holm's) and test)."""
+flows' artifacts, one row per checked key (with a paired test, also its images, p-value, adjusted p and test)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ def _p_cell(p: float | None) -> str:
 
 
 def _p_cells(r: RuleResult) -> str:
-    """`0.0057 (Holm 0.52)`: the rule's p, and its Holm-adjusted p when the family made it larger."""
+    """`0.0057 (adjusted 0.52)`: the rule's p, and its weighted-Holm adjusted p when the family made it larger."""
     if r.p_adjusted is None or r.p_value is None or r.p_adjusted == r.p_value:
         return _p_cell(r.p_value)
-    return f"{_p_cell(r.p_value)} (Holm {_p_cell(r.p_adjusted)})"
+    return f"{_p_cell(r.p_value)} (adjusted {_p_cell(r.p_adjusted)})"
 
 
 def _outcome(r: RuleResult) -> str:
@@ -27,7 +27,7 @@ def _outcome(r: RuleResult) -> str:
 
 def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
     """The verdict as an aligned text table (or a Markdown table), one row per checked key; with a paired test,
-    each row also gives its images (n), p-value (with Holm's adjusted one) and test."""
+    each row also gives its images (n), p-value (with its adjusted one) and test."""
     outcome = "verdict: " + ("PASS" if verdict.passed else verdict.status.upper())
     if verdict.mismatch:
         sections = [verdict.mismatch]
@@ -46,10 +46,11 @@ def format_table(verdict: Verdict, *, markdown: bool = False) -> str:
         if paired:
             m, few = verdict.family, len(verdict.too_few)
             sections.append(
-                f"a rule fails when it is worse than allowed and its paired test on the same images, Holm-adjusted "
-                f"over the {m} paired rules, gives p < alpha ({verdict.alpha:g}, family-wise); {few} of "
-                f"{len(verdict.results)} rules not judged: even the smallest loss beyond the tolerance, every lost "
-                f"image a disagreement, could not reach alpha / {m} (regression.unjudged: {verdict.unjudged})"
+                f"a rule fails when it is worse than allowed and its paired test on the same images, weighted-Holm "
+                f"adjusted over the {m} rules that could fail on these predictions (Tarone), gives p < alpha "
+                f"({verdict.alpha:g}, family-wise); {few} of {len(verdict.results)} rules not judged: even the "
+                f"smallest loss beyond the tolerance, every lost image a disagreement, could not reach the highest "
+                f"level the family could give it (regression.unjudged: {verdict.unjudged})"
             )
     else:
         sections = ["no baseline yet: nothing to compare against (promote one with `make promote`)"]

@@ -236,19 +236,20 @@ def test_a_real_five_point_loss_on_200_images_of_a_class_fails() -> None:
     c = by_metric(verdict)["per_class.c.recall"]
     assert (c.value, c.baseline, c.n, c.test, c.judged) == (0.825, 0.9, 200, "McNemar", True)
     assert c.p_value == pytest.approx(0.5**15, rel=1e-3) and not c.passed
-    assert "worse by 0.075, more than the 0.05 allowed (p 3.1e-05, Holm-adjusted over 4 rules 0.00012 < alpha " \
-           "0.05)" in c.reason  # fmt: skip
+    assert "worse by 0.075, more than the 0.05 allowed (p 3.1e-05, weighted-Holm-adjusted over 3 rules 9.2e-05 < " \
+           "alpha 0.05)" in c.reason  # fmt: skip
     assert not verdict.passed and verdict.status == "regression" and "per_class.c.recall" in verdict.summary()
 
 
 def test_a_loss_beyond_the_tolerance_that_chance_explains_passes_and_says_so() -> None:
     """200 images of c: the candidate loses 20 the baseline had and wins 9 it missed: -0.055, p 0.031 alone, but
-    Holm-adjusted over the 4 paired rules (accuracy's p is the same 0.031, macro_f1's 0.025) it is 0.098."""
+    weighted-Holm adjusted over the 3 rules that can fail (class d's images are the same in both models: it cannot)
+    it is 0.061."""
     labels, candidate, baseline = two_classes(180, 169, 200, c_discordant_gains=9)
     c = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d")))["per_class.c.recall"]
     assert c.delta == pytest.approx(-0.055) and c.passed and c.judged
-    assert c.p_value == pytest.approx(mcnemar_p(20, 9), abs=1e-4) and c.p_adjusted == pytest.approx(0.0983, abs=1e-3)
-    assert "within chance (p 0.031, Holm-adjusted over 4 rules 0.098 >= alpha 0.05)" in c.reason
+    assert c.p_value == pytest.approx(mcnemar_p(20, 9), abs=1e-4) and c.p_adjusted == pytest.approx(0.0614, abs=1e-3)
+    assert "within chance (p 0.031, weighted-Holm-adjusted over 3 rules 0.061 >= alpha 0.05)" in c.reason
     # The same counts with a looser alpha: significant after the correction too, so it fails.
     strict = by_metric(paired_verdict(labels, candidate, baseline, ("c", "d"), alpha=0.2))["per_class.c.recall"]
     assert not strict.passed
@@ -265,15 +266,15 @@ def test_equal_models_that_differ_on_a_few_images_of_a_small_class_do_not_fail()
         and not compare(scored(labels, candidate, ("c", "d")), scored(labels, baseline, ("c", "d")), RULES).passed
     )
     assert c.passed and not c.judged and c.n == 20 and c.needs == 120
-    assert c.reason == "too few images to judge: 20, needs 120 (for p < alpha / 4 = 0.0125)"
+    assert c.reason == "too few images to judge: 20, needs 120 (for p < alpha x 0.2 = 0.01)"
     assert verdict.passed and verdict.status == "pass" and verdict.too_few == (c,)
     assert verdict.summary() == ("PASS: 3 rule(s) and 0 export gate(s) hold against the baseline; 1 of 4 rules not "
                                  "judged, too few test images at family-wise alpha 0.05 (regression.unjudged: warn): "
                                  "per_class.c.recall: 20 test images, needs 120")  # fmt: skip
     assert verdict.headline == "pass, 1 of 4 rules not judged"
-    # No difference at all on a small class: still too few to judge, never a PASS it cannot back.
+    # No difference at all on a small class: nothing can have been lost (no image differs), a certain pass.
     same = by_metric(paired_verdict(labels, baseline, baseline, ("c", "d")))["per_class.c.recall"]
-    assert same.passed and not same.judged and same.p_value == 1.0
+    assert same.passed and same.judged and same.p_value == 1.0 and same.reason == "ok"
 
 
 def test_a_small_class_that_loses_significantly_fails_anyway() -> None:
@@ -316,10 +317,10 @@ def test_the_paired_table_and_json_show_n_p_and_the_baseline_note() -> None:
     markdown = format_table(verdict, markdown=True)
     header = "| metric | value | baseline | delta | allowed | n | p | test | result |"
     assert markdown.startswith(note + "\n\n" + header)
-    assert "| per_class.c.recall (higher) | 0.7500 | 0.8500 | -0.1000 | 0.0500 | 20 | 0.3125 (Holm 1.0000) | McNemar " \
-           "| too few images to judge: 20, needs 120 (for p < alpha / 4 = 0.0125) |" in markdown  # fmt: skip
-    assert "Holm-adjusted over the 4 paired rules, gives p < alpha (0.05, family-wise); 1 of 4 rules not judged" \
-           in markdown  # fmt: skip
+    assert "| per_class.c.recall (higher) | 0.7500 | 0.8500 | -0.1000 | 0.0500 | 20 | 0.3125 (adjusted 1.0000) | " \
+           "McNemar | too few images to judge: 20, needs 120 (for p < alpha x 0.2 = 0.01) |" in markdown  # fmt: skip
+    assert "weighted-Holm adjusted over the 0 rules that could fail on these predictions (Tarone), gives p < alpha " \
+           "(0.05, family-wise); 1 of 4 rules not judged" in markdown  # fmt: skip
     assert markdown.endswith("**verdict: PASS**")
     text = format_table(verdict)
     assert "too few images to judge: 20, needs 120" in text and text.endswith("verdict: PASS")
@@ -327,7 +328,7 @@ def test_the_paired_table_and_json_show_n_p_and_the_baseline_note() -> None:
     assert (
         data["alpha"] == 0.05 and data["baseline_note"] == note and data["too_few_to_judge"] == ["per_class.c.recall"]
     )
-    assert data["headline"] == "pass, 1 of 4 rules not judged" and data["family"] == 4
+    assert data["headline"] == "pass, 1 of 4 rules not judged" and data["family"] == 0
     assert data["not_judged"] == [{"metric": "per_class.c.recall", "n": 20, "needs": 120}]
     row = next(r for r in data["rules"] if r["metric"] == "per_class.c.recall")
     assert (row["n"], row["p_value"], row["judged"], row["test"]) == (20, 0.3125, False, "McNemar")
