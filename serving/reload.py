@@ -24,11 +24,14 @@ from tasks.core.params import Paths, ServeParams
 
 POLL_S = 0.25  # how soon an idle worker sees a reload: one small file read, four times a second
 WAIT_S = 120.0  # how long an answer waits for every worker, unless the request says otherwise
+RETIRE_S = 60.0  # a replaced model's drift window is unmapped this long after the swap (requests in flight)
 
 
 class Follower:
     """This worker's model: loaded at start, and loaded again each time the server's reload generation moves on.
-    A reload that fails keeps the model serving; a file with the same hash keeps it too, drift window and all."""
+    A reload that fails keeps the model serving; a file with the same hash keeps it too, drift window and all.
+    Another model gets an empty window (once per generation, whichever worker swaps first), and the replaced
+    window's mapping and descriptor are given back."""
 
     def __init__(self, slot: ModelSlot, serve: ServeParams, paths: Paths, metrics: Metrics, runtime: ServerRuntime):
         self.slot, self.serve, self.paths, self.metrics, self.runtime = slot, serve, paths, metrics, runtime
@@ -55,7 +58,16 @@ class Follower:
             self._done(generation, error)
             return
         if previous is None or previous["sha256"] != loaded.info["sha256"]:
+            if previous is not None:  # a model that comes back (A -> B -> A) starts with an empty window
+                loaded.drift.restart(generation)
+            retired = self.slot.drift
             install(self.slot, loaded, self.metrics)
+            if retired is not None:  # requests in flight may still add to it: closed once they are surely done
+                closer = threading.Timer(RETIRE_S, retired.close)
+                closer.daemon = True
+                closer.start()
+        else:
+            loaded.drift.close()  # the same model: the window it serves stays; this new mapping is not needed
         self._done(generation, None)
 
     def start(self) -> None:

@@ -3,8 +3,9 @@
 
 The drift window of the served model (one block per model, by its sha256) and the review folder's count live
 here, so /drift, /metrics and the review limit are the server's, whichever worker answers. A block is made
-zeroed by the first worker to open it (an empty window, a count of nothing), under the file's lock; one with
-another layout is refused, naming the file. flock is the process's side of the lock, a thread lock the
+zeroed by the first worker to open it (an empty window, a count of nothing), under the file's lock (a block
+whose opener died before its header was written is made again); one with another layout is refused, naming
+the file. `close` gives back the mapping and the descriptor. flock is the process's side of the lock, a thread lock the
 threads' (flock is per open file, which a process's streams share); both are held for microseconds.
 bench/bench_serving.py measures what they cost per prediction.
 """
@@ -42,7 +43,9 @@ class SharedFile:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 found = os.fstat(fd).st_size
-                if found == 0:  # the first opener: a zeroed block is an empty state
+                # The first opener: a zeroed block is an empty state. So is one whose size is set and whose header
+                # is still zero: an opener killed between the two writes (a layout's fingerprint is never zero).
+                if found == 0 or (found == size and os.pread(fd, CELL, 0) == bytes(CELL)):
                     os.ftruncate(fd, size)
                     os.pwrite(fd, fingerprint(layout), 0)
                 elif found != size or os.pread(fd, CELL, 0) != fingerprint(layout):
@@ -56,30 +59,51 @@ class SharedFile:
             os.close(fd)
             raise
         self._fd = fd
-        return views(memoryview(self._map)[CELL:], layout)
+        self._views = [memoryview(self._map)[CELL:]]
+        arrays = views(self._views[0], layout)
+        self._views += arrays.values()
+        return arrays
+
+    def close(self) -> None:
+        """Unmap the block and close its descriptor (a reload's old window, or one it did not need): the views
+        handed out are released first, as mmap requires. The file stays for the other workers."""
+        with self._thread_lock:
+            for view in getattr(self, "_views", ()):
+                view.release()
+            self._views = []
+            if self._map is not None:
+                self._map.close()
+                self._map = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def lock(self) -> AbstractContextManager[object]:
         assert self._fd is not None, "open the block first"
-        return _BlockLock(self._thread_lock, self._fd)
+        return _BlockLock(self)
 
 
 class _BlockLock:
     """The threads' lock, then the processes' (flock): a class, not a generator, since add() takes it per
-    prediction."""
+    prediction. Once the block is closed it is the threads' lock alone (the window's user then does nothing)."""
 
-    def __init__(self, thread_lock: threading.Lock, fd: int) -> None:
-        self._thread_lock, self._fd = thread_lock, fd
+    def __init__(self, block: SharedFile) -> None:
+        self._block = block
+        self._fd: int | None = None
 
     def __enter__(self) -> None:
-        self._thread_lock.acquire()
+        self._block._thread_lock.acquire()
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self._fd = self._block._fd  # None: closed meanwhile, under this same thread lock
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
         except BaseException:
-            self._thread_lock.release()
+            self._block._thread_lock.release()
             raise
 
     def __exit__(self, *exc: object) -> None:
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if self._fd is not None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
         finally:
-            self._thread_lock.release()
+            self._block._thread_lock.release()

@@ -19,6 +19,7 @@ and bench/bench_drift.py measures the rate they give.
 
 from __future__ import annotations
 
+import logging
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -29,23 +30,34 @@ from tasks.release.drift_reference import Reference
 from tasks.release.drift_thresholds import DriftThresholds
 from tasks.release.window_memory import Layout, LocalMemory, WindowMemory
 
+log = logging.getLogger(__name__)
+
 MAX_WINDOW = round(1 / SHARE_FLOOR)  # up to here an observed bin with a count is never under the floor (O(1) PSI)
 OK, DRIFT, NOT_ENOUGH, NO_REFERENCE = "ok", "drift", "not enough data", "no reference"
 VERDICTS = (OK, DRIFT, NOT_ENOUGH, NO_REFERENCE)
 
 
-HEAD, FILLED, ALERT, SINCE_REFRESH = range(4)  # the window's `state` cells
+# The window's `state` cells: the ring's head and fill, the verdict's alert, predictions since the sums' refresh;
+# the journal of the update in progress (BEGUN moves on once it is written, DONE catches up when the update is
+# complete: a holder of the lock that finds them apart redoes it, `_recover`); the reload generation it started at.
+HEAD, FILLED, ALERT, SINCE_REFRESH, BEGUN, DONE, J_HEAD, J_FILLED, J_INDEX, J_T, J_M, J_TOTAL, STARTED = range(13)
+STATE_CELLS = 13
 
 
 def window_layout(classes: int, window: int, bins: Sequence[int]) -> Layout:
     """A window's arrays: the ring of its predictions (class, top-1 bin, margin bin), its state cells, the counts
     by class since start and in the window, the top-1 and margin bins, and each statistic's PSI counts and sums
     (`bins`: each statistic's bin count; none without a reference)."""
-    layout = [("ring", "q", 3 * window), ("state", "q", 4), ("total", "q", classes), ("classes", "q", classes),
-              ("top1", "q", bins[1] if bins else 1), ("margin", "q", bins[2] if bins else 1)]  # fmt: skip
+    layout = [("ring", "q", 3 * window), ("state", "q", STATE_CELLS), ("total", "q", classes),
+              ("classes", "q", classes), ("top1", "q", bins[1] if bins else 1),
+              ("margin", "q", bins[2] if bins else 1)]  # fmt: skip
     for statistic, size in zip(STATISTICS, bins, strict=False):
         layout += [(f"{statistic}_counts", "q", size), (f"{statistic}_sums", "d", 5)]
     return layout
+
+
+def _zero(array: memoryview) -> None:
+    array[:] = memoryview(bytes(len(array) * array.itemsize)).cast(array.format)
 
 
 def psi_terms(observed: Sequence[int], expected: Sequence[int]) -> list[float]:
@@ -63,7 +75,10 @@ class DriftWindow:
     `on_change(verdict, report)` is called at each of the two turns, by the caller whose prediction turned it.
     Thread-safe: the server's streams call `add`. Its state (a ring of the window's predictions, the counts, the
     PSI sums, the verdict) lives in `memory` (tasks/release/window_memory.py): this process's by default, or a
-    block every worker of a server maps, so that the window is the server's."""
+    block every worker of a server maps, so that the window is the server's. Crash-safe: an update is journaled
+    before it touches the window, and whoever takes the lock next after a worker died mid-update (kill -9 at
+    any instruction) redoes it from the journal and recounts the window from its ring, so a reader never sees
+    half an update and a dead writer never leaves one."""
 
     def __init__(self, classes: Sequence[str], reference: Reference | None, thresholds: DriftThresholds,
                  on_change: Callable[[str, dict[str, Any]], None] | None = None,
@@ -72,9 +87,10 @@ class DriftWindow:
             raise ValueError(f"drift window {thresholds.window} > {MAX_WINDOW}")
         self.classes, self.reference, self.thresholds = tuple(classes), reference, thresholds
         self._on_change = on_change
-        memory = memory or LocalMemory()
+        self._memory = memory = memory or LocalMemory()
+        self._closed = False
         bins = [len(reference.counts(s)) for s in STATISTICS] if reference else []
-        state = memory.open(window_layout(len(self.classes), thresholds.window, bins))
+        self._arrays = state = memory.open(window_layout(len(self.classes), thresholds.window, bins))
         self._lock = memory.lock()
         self._ring, self._state = state["ring"], state["state"]  # state: head, filled, alert, since refresh
         self.total = state["total"]  # every prediction since start, by class
@@ -88,33 +104,86 @@ class DriftWindow:
         t = bisect_right(ref.top1_edges, top1) if ref else 0
         m = bisect_right(ref.margin_edges, margin) if ref else 0
         changed = False
-        window, ring, state = self.thresholds.window, self._ring, self._state
+        state = self._state
         with self._lock:
-            self.total[index] += 1
-            head, n = state[HEAD], state[FILLED]
-            slot = 3 * head
-            oldest = (ring[slot], ring[slot + 1], ring[slot + 2]) if n == window else None
-            ring[slot], ring[slot + 1], ring[slot + 2] = index, t, m
-            self._move((index, t, m), 1)
-            if oldest is not None:
-                self._move(oldest, -1)
-            n = min(n + 1, window)
-            state[HEAD], state[FILLED] = (head + 1) % window, n
-            if ref is None or n < self.thresholds.min_predictions:
+            if self._closed:  # a request in flight when a reload replaced this model's window
                 return
-            state[SINCE_REFRESH] += 1
-            if state[SINCE_REFRESH] >= window:
-                state[SINCE_REFRESH] = 0
-                for psi in self._psi:
-                    psi.refresh()
-            values = self._statistics()
-            if not state[ALERT] and self.thresholds.exceeded(values, n):
-                state[ALERT], changed = 1, True
-            elif state[ALERT] and self.thresholds.recovered(values, n):
-                state[ALERT], changed = 0, True
+            self._recover()
+            state[J_HEAD], state[J_FILLED], state[J_INDEX] = state[HEAD], state[FILLED], index
+            state[J_T], state[J_M], state[J_TOTAL] = t, m, self.total[index]
+            state[BEGUN] += 1  # journaled: from here a writer killed anywhere is redone by the next holder
+            n = self._apply()
+            if ref is not None and n >= self.thresholds.min_predictions:
+                state[SINCE_REFRESH] += 1
+                if state[SINCE_REFRESH] >= self.thresholds.window:
+                    state[SINCE_REFRESH] = 0
+                    for psi in self._psi:
+                        psi.refresh()
+                values = self._statistics()
+                if not state[ALERT] and self.thresholds.exceeded(values, n):
+                    state[ALERT], changed = 1, True
+                elif state[ALERT] and self.thresholds.recovered(values, n):
+                    state[ALERT], changed = 0, True
             alert = bool(state[ALERT])
+            state[DONE] = state[BEGUN]
         if changed and self._on_change is not None:
             self._on_change(DRIFT if alert else OK, self.report())
+
+    def _apply(self) -> int:
+        """The journaled prediction into the ring and the counts (the oldest out once full); the new fill."""
+        window, ring, state = self.thresholds.window, self._ring, self._state
+        head, n, entry = state[J_HEAD], state[J_FILLED], (state[J_INDEX], state[J_T], state[J_M])
+        slot = 3 * head
+        oldest = (ring[slot], ring[slot + 1], ring[slot + 2]) if n == window else None
+        ring[slot], ring[slot + 1], ring[slot + 2] = entry
+        self.total[entry[0]] = state[J_TOTAL] + 1
+        self._move(entry, 1)
+        if oldest is not None:
+            self._move(oldest, -1)
+        n = min(n + 1, window)
+        state[HEAD], state[FILLED] = (head + 1) % window, n
+        return n
+
+    def _recover(self) -> None:
+        """Under the lock: an update a dead writer began and did not finish, redone from its journal; the counts
+        and sums then recounted from the ring, whatever step it died at."""
+        state, ring = self._state, self._ring
+        if state[BEGUN] == state[DONE]:
+            return
+        window, head, n = self.thresholds.window, state[J_HEAD], state[J_FILLED]
+        slot = 3 * head
+        ring[slot], ring[slot + 1], ring[slot + 2] = state[J_INDEX], state[J_T], state[J_M]
+        self.total[state[J_INDEX]] = state[J_TOTAL] + 1
+        state[HEAD], state[FILLED] = (head + 1) % window, min(n + 1, window)
+        for array in (self._classes, self._top1, self._margin, *(psi.counts for psi in self._psi)):
+            _zero(array)
+        for s in range(state[FILLED]):
+            self._move((ring[3 * s], ring[3 * s + 1], ring[3 * s + 2]), 1)
+        for psi in self._psi:
+            psi.refresh()
+        state[DONE] = state[BEGUN]
+        log.warning("drift window: a worker stopped in the middle of an update; redone from its journal and "
+                    "recounted from the window's %d predictions", state[FILLED])  # fmt: skip
+
+    def restart(self, generation: int) -> bool:
+        """An empty window, once per reload `generation` that (re)installs this model: a model that comes back
+        (A -> B -> A) starts afresh, not from its old window and alarm. Every worker swapping to the model in the
+        same generation calls it; the first empties the window, the rest find it started. True: emptied."""
+        with self._lock:
+            if self._state[STARTED] >= generation:
+                return False
+            for array in self._arrays.values():
+                _zero(array)
+            self._state[STARTED] = generation
+            return True
+
+    def close(self) -> None:
+        """Let go of the memory (a shared block's mapping and descriptor); `add` does nothing after."""
+        with self._lock:
+            self._closed = True
+            self._ring = self._state = self.total = self._classes = self._top1 = self._margin = None  # type: ignore[assignment]
+            self._arrays, self._psi = {}, []
+        self._memory.close()
 
     def _move(self, entry: tuple[int, int, int], by: int) -> None:
         index, t, m = entry
@@ -143,6 +212,7 @@ class DriftWindow:
         if self.reference is None:
             return None
         with self._lock:
+            self._recover()
             return self._statistics()
 
     def threshold(self, statistic: str) -> float:
@@ -157,6 +227,7 @@ class DriftWindow:
         """What /drift answers: window, per-class shares, each statistic with its threshold, verdict."""
         th = self.thresholds
         with self._lock:
+            self._recover()
             n, classes = self._state[FILLED], list(self._classes)
             top1, margin, total = list(self._top1), list(self._margin), list(self.total)
             values = self._statistics() if self.reference else None

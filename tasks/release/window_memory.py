@@ -45,6 +45,10 @@ class WindowMemory(Protocol):
         """Held around every read and write of the arrays."""
         ...
 
+    def close(self) -> None:
+        """Give back what `open` took (a mapping, a descriptor); the arrays are not used after."""
+        ...
+
 
 class LocalMemory:
     """This process's memory and a thread lock: one worker, the tests, the benches."""
@@ -57,3 +61,6 @@ class LocalMemory:
 
     def lock(self) -> AbstractContextManager[object]:
         return self._lock
+
+    def close(self) -> None:
+        """Nothing to give back: the arrays are this process's."""
