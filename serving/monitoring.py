@@ -171,10 +171,12 @@ def image_suffix(data: bytes) -> str | None:
 class ReviewFolder:
     """Bounded store of low-confidence inputs: at most `max_files` images of at most `max_file_bytes` each. Once
     the app starts, the count lives in a block every worker of the server maps (serving/shared_memory.py), so
-    the bound is the server's, not each worker's."""
+    the bound is the server's, not each worker's. A save the count calls full counts the folder again first:
+    images taken in, discarded or deleted while the server runs make room without a restart."""
 
     def __init__(self, root: Path, max_files: int, max_file_bytes: int) -> None:
         self.root, self.max_files, self.max_file_bytes = root, max_files, max_file_bytes
+        self._full_folders: tuple[tuple[str, int], ...] | None = None  # the folders when a recount found it full
         self.share(LocalMemory())
 
     def share(self, memory: WindowMemory) -> None:
@@ -201,6 +203,14 @@ class ReviewFolder:
         return sum(1 for p in self.root.rglob("*") if p.is_file() and is_image_name(p)
                    and not any(part.startswith(".") for part in p.relative_to(self.root).parts))  # fmt: skip
 
+    def _folders(self) -> tuple[tuple[str, int], ...]:
+        """The folder and its class folders with their mtimes: an image moved out or deleted changes one."""
+        try:
+            entries = [self.root, *(p for p in self.root.iterdir() if p.is_dir())]
+            return tuple((p.name, p.stat().st_mtime_ns) for p in entries)
+        except OSError:
+            return ()
+
     def save(self, data: bytes, sha256: str, label: str, record: dict[str, Any]) -> str | None:
         """Write the image and its sidecar (temp + rename); returns why not when it was skipped."""
         if len(data) > self.max_file_bytes:
@@ -213,6 +223,12 @@ class ReviewFolder:
         with self._lock:
             if target.exists():
                 return "duplicate"
+            if self._cell[0] >= self.max_files and self._folders() != self._full_folders:
+                # Full by the count: counted again, since a take-in, the page's discards or a person's deletes
+                # lower it; while the folders stay as they were when it was last found full, not again (a flood
+                # of uploads costs a stat per class folder, not a walk of the folder).
+                self._cell[0] = self._images()
+                self._full_folders = self._folders() if self._cell[0] >= self.max_files else None
             if self._cell[0] >= self.max_files:
                 return "full"
             self._cell[0] += 1

@@ -247,6 +247,26 @@ def test_low_confidence_inputs_go_to_a_bounded_review_folder(project: Path, tmp_
         assert picture.read_bytes() in {p.read_bytes() for p in images}
 
 
+def test_the_review_folder_collects_again_once_its_images_are_taken_in(project: Path, tmp_path: Path) -> None:
+    """review_max_files 3: three saves fill it; a take-in moves them out while the server runs; the next two
+    low-confidence uploads are saved, with no restart and no GET /drift (which used to recount it)."""
+    review, taken = tmp_path / "review", tmp_path / "raw"
+    serve = SERVE.model_copy(update={"low_confidence": 1.0, "review_dir": review, "review_max_files": 3})
+    images = raw_images(project)[:6]
+    with TestClient(create_app(serve, paths_of(project), load_in_background=False)) as c:
+        for path in images[:4]:
+            c.post("/predict", files={"file": (path.name, path.read_bytes())})
+        assert 'serve_review_skipped_total{why="full"} 1.0' in c.get("/metrics").text
+        for picture in [p for p in review.rglob("*") if p.is_file()]:  # what make add-data INTO= does to them
+            (taken / picture.parent.name).mkdir(parents=True, exist_ok=True)
+            picture.rename(taken / picture.parent.name / picture.name)
+        for path in images[4:]:
+            c.post("/predict", files={"file": (path.name, path.read_bytes())})
+        text = c.get("/metrics").text
+    assert "serve_review_saved_total 5.0" in text and 'serve_review_skipped_total{why="full"} 1.0' in text
+    assert len([p for p in review.rglob("*") if is_image_name(p)]) == 2
+
+
 def test_images_the_review_page_discarded_do_not_fill_the_review_folder(project: Path, tmp_path: Path) -> None:
     review = tmp_path / "review"
     discarded = review / ".discarded" / "class_0"  # decided by a person: hidden, kept, no longer to review
