@@ -271,6 +271,21 @@ def test_without_the_token_every_request_is_refused_and_its_url_sets_a_strict_co
 
 
 @pytest.mark.fast
+def test_no_other_page_may_frame_the_review_page_or_run_script_in_it(
+    tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any page served on 127.0.0.1 could frame a keyboard-driven page and click through it: every answer, a
+    refusal too, forbids framing (CSP frame-ancestors 'none', X-Frame-Options DENY), other scripts, and Referer."""
+    monkeypatch.chdir(tmp_path)
+    app = create_app(open_review(Params(), None, tmp_path))
+    client = TestClient(app, base_url="http://127.0.0.1")
+    for answer in (client.get(f"/?token={app.state.token}"), client.get("/api/items"), client.get("/static/review.js"),
+                   TestClient(app, base_url="http://127.0.0.1").get("/")):  # fmt: skip
+        policy = answer.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy and "default-src 'self'" in policy
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["referrer-policy"] == "no-referrer"
+
+
 def test_a_discarded_image_uploaded_again_is_discarded_again_and_undo_brings_it_back(
     tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

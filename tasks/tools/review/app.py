@@ -70,6 +70,16 @@ def _served(base: Path | None, rel: str, what: str) -> FileResponse:
     raise NotFound(f"{rel}: not an image of {what}")
 
 
+# style-src 'unsafe-inline': the probability bars' widths are style attributes; no inline script runs
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 def _cookie(request: Request) -> str:
     """One cookie per port: two review pages of one machine keep their own (cookies ignore the port)."""
     return f"imagepipe_review_{request.url.port or 80}"
@@ -107,6 +117,15 @@ def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "l
             return JSONResponse({"error": "no access: open the URL `make review` printed (http://127.0.0.1:"
                                           f"{request.url.port or 80}/?token=...)"}, status_code=403)  # fmt: skip
         return await call_next(request)
+
+    @app.middleware("http")
+    async def no_framing(request: Request, call_next: Any) -> Any:
+        """Added last, so it wraps the check above: every answer, a refusal too, says that no other page may
+        frame this one (clickjacking a keyboard-driven page), that it runs only its own script and styles, and
+        that it sends no Referer (the token is in the first URL)."""
+        answer = await call_next(request)
+        answer.headers.update(SECURITY_HEADERS)
+        return answer
 
     @app.exception_handler(StageError)
     async def refused(_: Request, exc: StageError) -> JSONResponse:
