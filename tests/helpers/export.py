@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tasks import export, preprocess, train
+from tasks import check_regression, export, preprocess, train
 from tasks.core.params import ExportParams, Params
+from tasks.release.verdict import Verdict
+from tasks.tools import promote
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.project import TINY, deep_update
 
@@ -50,3 +52,30 @@ def export_model(shards: Path, model: Path, out: Path, params: ExportParams = PA
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+ONNX_ONLY = PARAMS.export.model_copy(
+    update={"formats": ("onnx",), "timing": PARAMS.export.timing.model_copy(update={"repeats": 1, "batch_sizes": (1,)})}
+)
+
+
+def check(
+    project: Path, shards: Path, baseline_dir: Path, out: Path | None = None, cache: Path | None = None
+) -> Verdict:
+    """check_regression's run() with the project layout; with `cache`, the scores kept there as _main keeps them."""
+    out = out or project
+    return check_regression.run(
+        PARAMS.regression, onnx_path=project / "models/model.onnx", export_report=project / "reports/export.json",
+        shard_dir=shards, baseline_dir=baseline_dir, verdict_path=out / "reports/regression.json",
+        table_path=out / "reports/regression.md", gate_path=out / "reports/gate.json",
+        scores_path=cache / "scores.json" if cache else None,
+        baseline_scores_path=cache / "baseline_scores.json" if cache else None,
+    )  # fmt: skip
+
+
+def promote_to(project: Path, model: Path, shards: Path, baseline_dir: Path) -> promote.PromoteResult:
+    return promote.run(
+        onnx_path=project / "models/model.onnx", model_path=model, export_report=project / "reports/export.json",
+        verdict_path=project / "reports/regression.json", shard_dir=shards, baseline_dir=baseline_dir,
+        track_with_dvc=False,
+    )  # fmt: skip

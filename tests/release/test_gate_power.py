@@ -11,7 +11,7 @@ from bench.bench_gate import draw, draw_whole, gate
 from tasks.core.params import RegressionParams, Rule
 from tasks.release.family import tarone_weights, weighted_holm
 from tasks.release.paired import Paired
-from tests.release.test_gate_family import classes_with, paired_verdict, scored
+from tests.helpers.gate import classes_with, paired_verdict, scored
 
 pytestmark = pytest.mark.fast
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from tasks import check_regression, preprocess
+from tasks import preprocess
 from tasks.core.errors import StageError
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import load_params
@@ -29,36 +29,9 @@ from tasks.release import score_cache, tracking
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
 from tasks.release.verdict import Verdict
-from tasks.tools import promote
-from tests.helpers.export import PARAMS, export_model
+from tests.helpers.export import ONNX_ONLY, PARAMS, check, export_model, promote_to
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.tracking import finished_project
-
-ONNX_ONLY = PARAMS.export.model_copy(
-    update={"formats": ("onnx",), "timing": PARAMS.export.timing.model_copy(update={"repeats": 1, "batch_sizes": (1,)})}
-)
-
-
-def check(
-    project: Path, shards: Path, baseline_dir: Path, out: Path | None = None, cache: Path | None = None
-) -> Verdict:
-    """check_regression's run() with the project layout; with `cache`, the scores kept there as _main keeps them."""
-    out = out or project
-    return check_regression.run(
-        PARAMS.regression, onnx_path=project / "models/model.onnx", export_report=project / "reports/export.json",
-        shard_dir=shards, baseline_dir=baseline_dir, verdict_path=out / "reports/regression.json",
-        table_path=out / "reports/regression.md", gate_path=out / "reports/gate.json",
-        scores_path=cache / "scores.json" if cache else None,
-        baseline_scores_path=cache / "baseline_scores.json" if cache else None,
-    )  # fmt: skip
-
-
-def promote_to(project: Path, model: Path, shards: Path, baseline_dir: Path) -> promote.PromoteResult:
-    return promote.run(
-        onnx_path=project / "models/model.onnx", model_path=model, export_report=project / "reports/export.json",
-        verdict_path=project / "reports/regression.json", shard_dir=shards, baseline_dir=baseline_dir,
-        track_with_dvc=False,
-    )  # fmt: skip
 
 
 def failed(verdict: Verdict) -> list[str]:

@@ -19,9 +19,8 @@ from tasks.core.paths import Paths
 from tasks.tools import warm_start as warm_start_tool
 from tasks.training.models import build_model, save_model_file
 from tasks.training.warm_start import PARENT_MODEL, PARENT_RECORD, WarmStartError, warm_start
-from tests.helpers.export import export_model
+from tests.helpers.export import ONNX_ONLY, check, export_model, promote_to
 from tests.helpers.training import PARAMS, SPEC
-from tests.stages.test_check_regression import ONNX_ONLY, check, promote_to
 
 SHRINK_PERTURB = WarmStartParams(enabled=True, shrink=0.4, perturb=0.2)
 
