@@ -11,7 +11,7 @@ paired=Paired(...), alpha=0.05)` (accuracy, macro_f1 and per_class.*.recall; one
 weighted Holm).
 
 - equal models: the share of runs in which the gate fails at least one rule (must be <= alpha = 5%), with its
-  Monte-Carlo standard error, and the mean share of rules not judged (too few images for alpha / m);
+  Monte-Carlo standard error, and the mean share of rules not judged (too few images for their best level);
 - power: the candidate loses L points of recall in one class (the rest as equal as above); the share of runs in
   which that class's rule fails, and the smallest L of the grid caught in >= 80% of runs;
 - whole-test-set power: the candidate 4 points worse over all images; the share of runs the gate fails with the
@@ -124,7 +124,7 @@ def se_at(p: float, runs: int) -> float:
 def equal_models(args: argparse.Namespace, rules: Any, rng: np.random.Generator) -> float:
     print("\n(a) equal models: share of runs in which the gate fails at least one rule (alpha 0.05 family-wise);")
     print("    'se': the Monte-Carlo standard error of a 5% share at that many runs; 'not judged': mean share of rules")
-    print("    too small to judge at alpha / m")
+    print("    too small to judge at the best level the family can give them")
     cols = " ".join(f"{f'overlap {o:g}':>11}" for o in OVERLAPS)
     head = f"{'classes':>7} {'images/class':>12} {'runs':>5} {'se':>5}  {cols} {'not judged':>10}"
     print(head)
