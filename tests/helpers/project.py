@@ -19,7 +19,10 @@ from tests.helpers.folders import make_imagefolder
 ROOT = Path(__file__).resolve().parents[2]
 
 
-PROJECT_FILES = ("tasks", "flows", "baseline", "models/pretrained", "dvc.yaml", "params.yaml")
+PROJECT_FILES = ("tasks", "flows", "baseline", "models/pretrained", "models/parent", "dvc.yaml", "params.yaml")
+# A promoted baseline, tracked weights and a warm-start parent stay behind: a test project starts with none
+NOT_COPIED = ("__pycache__", "metrics.json", "model.json", "test_set.json", "decision.json", "*.onnx", "*.dvc", "*.pt",
+              "parent.json")  # fmt: skip
 
 
 # A run small enough for a test: 10 x 12 generated images at 32 px, one short epoch.
@@ -138,10 +141,8 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
             # behind, so every test project starts with no baseline.
             shutil.copytree(
                 src,
-                dest / name,  # models/pretrained: its README only (no weights are tracked in the checkout)
-                ignore=shutil.ignore_patterns(
-                    "__pycache__", "metrics.json", "model.json", "test_set.json", "decision.json", "*.onnx", "*.dvc"
-                ),  # fmt: skip
+                dest / name,  # models/pretrained, models/parent: their READMEs only (no weights in a test project)
+                ignore=shutil.ignore_patterns(*NOT_COPIED),
             )
         else:
             shutil.copy2(src, dest / name)
