@@ -167,8 +167,8 @@ def compare(
         weights = tarone_weights(floors, groups, relative, alpha, whole_share)
         best = best_weights(groups, relative, whole_share)
         p_values = [_p(stats, checks[i], alpha * (w or b)) for i, w, b in zip(inside, weights, best, strict=True)]
-        adjusted = weighted_holm(p_values, weights)
         family = sum(w > 0 for w in weights)
+        weights, adjusted = _step_down(p_values, floors, groups, relative, weights, alpha, whole_share)
         standing = {i: Standing(w, a, family, f, b) for i, w, a, f, b in zip(inside, weights, adjusted, floors, best,
                                                                                  strict=True)}  # fmt: skip
     results = [
@@ -190,3 +190,31 @@ def _p(stats: PairedStats, check: tuple[Rule, str], level: float) -> float:
     resamples = resamples_for(level) if stats.kind(key) != MCNEMAR else PERMUTATION_RESAMPLES
     tested = stats.test(key, rule.direction, resamples)
     return 1.0 if tested is None else tested[1]
+
+
+def _step_down(
+    p_values: list[float], floors: list[float | None], groups: list[str], relative: list[float], weights: list[float],
+    alpha: float, whole_share: float,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """Weighted Holm with Tarone's selection made again after each step (Hommel & Krummenauer 1998): the rules a
+    step rejects leave, and the family is chosen anew among the rest, so a rule that could not reach its share
+    beside many (a small class whose every image was lost) is judged once the others have failed. Returns each
+    rule's weight at its last step and its adjusted p: below alpha for a rejected rule (the largest p / w x the
+    weights left up to its step), else weighted Holm's over the first family, at least alpha."""
+    first = weighted_holm(p_values, weights)
+    rejected: dict[int, float] = {}
+    current, running = list(weights), 0.0
+    while True:
+        left = [i for i in range(len(p_values)) if i not in rejected]
+        total = sum(current[i] for i in left)
+        step = [i for i in left if current[i] > 0 and p_values[i] <= alpha * current[i] / total]
+        if not step:
+            break
+        for i in step:
+            running = max(running, min(1.0, p_values[i] / current[i] * total))
+            rejected[i] = running
+        remaining = [None if i in rejected else f for i, f in enumerate(floors)]
+        again = tarone_weights(remaining, groups, relative, alpha, whole_share)
+        current = [current[i] if i in rejected else again[i] for i in range(len(p_values))]
+    adjusted = [rejected[i] if i in rejected else max(first[i], alpha) for i in range(len(p_values))]
+    return current, adjusted
