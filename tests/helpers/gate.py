@@ -21,9 +21,9 @@ def scored(labels: list[int], predicted: list[int], names: tuple[str, ...]) -> d
 
 
 def paired_verdict(labels: list[int], candidate: list[int], baseline: list[int], names: tuple[str, ...],
-                   rules: list[Rule] = RULES) -> Verdict:  # fmt: skip
+                   rules: list[Rule] = RULES, alpha: float = 0.05) -> Verdict:  # fmt: skip
     return compare(scored(labels, candidate, names), scored(labels, baseline, names), rules,
-                   paired=Paired(labels, candidate, baseline, names))  # fmt: skip
+                   paired=Paired(labels, candidate, baseline, names), alpha=alpha)  # fmt: skip
 
 
 def by_metric(verdict: Verdict) -> dict[str, RuleResult]:

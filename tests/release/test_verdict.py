@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tasks.core.mcnemar import discordant, mcnemar_p
-from tasks.core.metrics import classification_metrics
 from tasks.core.params import Rule
 from tasks.release.paired import Paired, judgeable, smallest_failing_loss
 from tasks.release.verdict import RuleResult, Verdict, compare, lookup
 from tasks.release.verdict_table import format_table
+from tests.helpers.gate import RULES, by_metric, paired_verdict, scored
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
@@ -181,25 +181,6 @@ def test_a_baseline_of_another_test_set_is_one_line_naming_both() -> None:
 
 
 # -- the paired test: both models' predictions on the same images (check_regression re-scores the baseline) --------
-
-RULES = [Rule(metric="accuracy", abs_tol=0.02), Rule(metric="macro_f1", abs_tol=0.02),
-         Rule(metric="per_class.*.recall", abs_tol=0.05)]  # fmt: skip  # the defaults
-
-
-def scored(labels: list[int], predicted: list[int], names: tuple[str, ...]) -> dict:
-    """metrics.json's keys for these predictions, as scoring computes them."""
-    logits = np.eye(len(names), dtype=np.float32)[predicted]
-    return {**classification_metrics(logits, np.asarray(labels), names), "test_set_sha256": "t" * 64}
-
-
-def paired_verdict(labels: list[int], candidate: list[int], baseline: list[int], names: tuple[str, ...],
-                   rules: list[Rule] = RULES, alpha: float = 0.05) -> Verdict:  # fmt: skip
-    return compare(scored(labels, candidate, names), scored(labels, baseline, names), rules,
-                   paired=Paired(labels, candidate, baseline, names), alpha=alpha)  # fmt: skip
-
-
-def by_metric(verdict: Verdict) -> dict[str, RuleResult]:
-    return {r.metric: r for r in verdict.results}
 
 
 def two_classes(c_base_right: int, c_cand_right: int, c_total: int, c_discordant_gains: int = 0,
