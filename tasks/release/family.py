@@ -72,8 +72,3 @@ def weighted_holm(p_values: Sequence[float], weights: Sequence[float]) -> list[f
         adjusted[i] = running
         remaining -= weights[i]
     return adjusted
-
-
-def holm_adjusted(p_values: Sequence[float]) -> list[float]:
-    """Holm's adjusted p-values (equal weights), in the order given."""
-    return weighted_holm(p_values, [1.0] * len(p_values))

@@ -130,6 +130,11 @@ class PairedStats:
         d = int((self.predicted["candidate"] != self.predicted["baseline"]).sum())
         return None if d == 0 else min(1.0, two * 0.5 ** min(d, 1074))
 
+    def test_at(self, metric: str, direction: str, level: float) -> tuple[int, float, str] | None:
+        """`test` with the sign-flip test drawing swaps enough to reach `level` (McNemar is exact: no draws)."""
+        resamples = PERMUTATION_RESAMPLES if self.kind(metric) == MCNEMAR else resamples_for(level)
+        return self.test(metric, direction, resamples)
+
     def test(
         self, metric: str, direction: str, resamples: int = PERMUTATION_RESAMPLES
     ) -> tuple[int, float, str] | None:

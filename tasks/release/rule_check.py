@@ -14,7 +14,6 @@ from tasks.core.params import Rule
 from tasks.release.paired import (
     EPS,
     MCNEMAR,
-    PERMUTATION_RESAMPLES,
     PairedStats,
     images_needed,
     judgeable,
@@ -165,12 +164,10 @@ def check_rule(
         return result(round(delta, 6), allowed, not beyond, excess if beyond else "ok")
 
     two_sided = rule.direction == "equal"
+    level = alpha * (standing.weight or standing.best) if standing is not None else alpha
+    tested = stats.test_at(metric, rule.direction, level)
     if standing is None:
-        tested = stats.test(metric, rule.direction, resamples_for(alpha))
         standing = Standing.alone(tested[1], stats.floor(metric, rule.direction, allowed))
-    else:
-        level = alpha * (standing.weight or standing.best)
-        tested = stats.test(metric, rule.direction, resamples_for(level) if kind != MCNEMAR else PERMUTATION_RESAMPLES)
     n, p, name = tested
     held, level = standing.adjusted, alpha * standing.weight
     if standing.family == 1:

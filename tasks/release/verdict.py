@@ -30,7 +30,7 @@ from typing import Any
 
 from tasks.core.params import RegressionParams, Rule
 from tasks.release.family import CLASS, WHOLE, best_weights, tarone_weights, weighted_holm
-from tasks.release.paired import MCNEMAR, PERMUTATION_RESAMPLES, SIGN_FLIP, Paired, PairedStats, resamples_for
+from tasks.release.paired import MCNEMAR, SIGN_FLIP, Paired, PairedStats
 from tasks.release.parity import Check
 from tasks.release.rule_check import TOLERANCE, RuleResult, Standing, Value, cell, check_rule, expand, lookup, tolerance
 from tasks.release.test_set_match import describe_test_set, mismatch
@@ -166,7 +166,8 @@ def compare(
         relative = [checks[i][0].weight for i in inside]
         weights = tarone_weights(floors, groups, relative, alpha, whole_share)
         best = best_weights(groups, relative, whole_share)
-        p_values = [_p(stats, checks[i], alpha * (w or b)) for i, w, b in zip(inside, weights, best, strict=True)]
+        p_values = [stats.test_at(checks[i][1], checks[i][0].direction, alpha * (w or b))[1]
+                    for i, w, b in zip(inside, weights, best, strict=True)]  # fmt: skip
         family = sum(w > 0 for w in weights)
         weights, adjusted = _step_down(p_values, floors, groups, relative, weights, alpha, whole_share)
         standing = {i: Standing(w, a, family, f, b) for i, w, a, f, b in zip(inside, weights, adjusted, floors, best,
@@ -182,14 +183,6 @@ def compare(
     return Verdict(passed=all(r.passed for r in results), has_baseline=True, results=tuple(results),
                    alpha=alpha if stats is not None else None, baseline_note=baseline_note, unjudged=unjudged,
                    family=family)  # fmt: skip
-
-
-def _p(stats: PairedStats, check: tuple[Rule, str], level: float) -> float:
-    """The rule's paired p, the sign-flip test drawing swaps enough for `level`."""
-    rule, key = check
-    resamples = resamples_for(level) if stats.kind(key) != MCNEMAR else PERMUTATION_RESAMPLES
-    tested = stats.test(key, rule.direction, resamples)
-    return 1.0 if tested is None else tested[1]
 
 
 def _step_down(

@@ -11,7 +11,7 @@ import pytest
 
 from tasks.check_regression import gate_record
 from tasks.core.params import Rule, load_params
-from tasks.release.family import holm_adjusted
+from tasks.release.family import weighted_holm
 from tasks.release.paired import Paired, PairedStats
 from tasks.release.run_record import gather
 from tasks.release.verdict import compare
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.fast  # unit-level: make test-fast
 
 def test_holm_adjusted_p_values_step_down() -> None:
     # sorted 0.01, 0.02, 0.04 (m = 3): 3 x 0.01, max(0.03, 2 x 0.02), max(0.04, 1 x 0.04)
-    assert holm_adjusted([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
-    assert holm_adjusted([0.5, 0.9]) == [1.0, 1.0] and holm_adjusted([]) == []
+    assert weighted_holm([0.04, 0.01, 0.02], [1, 1, 1]) == pytest.approx([0.04, 0.03, 0.04])  # equal weights: Holm
+    assert weighted_holm([0.5, 0.9], [1, 1]) == [1.0, 1.0] and weighted_holm([], []) == []
 
 
 def test_many_equal_classes_no_longer_fail_but_one_clearly_worse_class_does() -> None:
