@@ -25,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from serving.runtime import MULTIPROCESS_ENV
 from tasks.core.io import atomic_file
-from tasks.images.imaging import IMAGE_SUFFIXES, is_image_name
+from tasks.images import review_folder
+from tasks.images.imaging import IMAGE_SUFFIXES
 from tasks.release.drift import DRIFT, STATISTICS, VERDICTS, DriftWindow
 from tasks.release.window_memory import LocalMemory, WindowMemory
 
@@ -197,11 +198,8 @@ class ReviewFolder:
             return self._cell[0]
 
     def _images(self) -> int:
-        """Images still to review: a hidden folder's (the review page's .discarded/) are decided, not counted."""
-        if not self.root.is_dir():
-            return 0
-        return sum(1 for p in self.root.rglob("*") if p.is_file() and is_image_name(p)
-                   and not any(part.startswith(".") for part in p.relative_to(self.root).parts))  # fmt: skip
+        """Images still to review, as the page and the take-in read them (tasks/images/review_folder.py)."""
+        return review_folder.count(self.root)
 
     def _folders(self) -> tuple[tuple[str, int], ...]:
         """The folder and its class folders with their mtimes: an image moved out or deleted changes one."""

@@ -22,16 +22,12 @@ from typing import Any
 
 from tasks.core.errors import StageError
 from tasks.core.params import DataParams
+from tasks.images.class_names import SPLIT_NAMES, is_class_folder
 from tasks.images.imaging import is_image_name
 from tasks.images.validation import SOURCE, TEST_SOURCE, VAL_SOURCE, class_folders, fixed_test_folder
 
 log = logging.getLogger(__name__)
 
-SPLIT_NAMES = {
-    **dict.fromkeys(("train", "training", "training_set", "seg_train"), "train"),
-    **dict.fromkeys(("val", "valid", "validation"), "val"),
-    **dict.fromkeys(("test", "testing", "test_set", "seg_test"), "test"),
-}
 ROLE_OF_SPLIT = {"train": SOURCE, "val": VAL_SOURCE, "test": TEST_SOURCE}
 EXPECTED = "root/<class>/<image>, or root/<split>/<class>/<image> with split folders train, val and test"
 
@@ -90,7 +86,7 @@ class Layout:
 
 
 def _folders(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p for p in root.iterdir() if p.is_dir() and is_class_folder(p.name))
 
 
 def _has_images(folder: Path) -> bool:

@@ -19,6 +19,7 @@ from PIL import Image
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_and_size, sha256_bytes
 from tasks.core.params import DataParams
+from tasks.images.class_names import is_class_folder
 from tasks.images.imaging import (
     EXIF_ORIENTATION,
     TRANSPOSED,
@@ -81,7 +82,7 @@ def class_folders(root: Path, *, what: str, at_least: int = 0) -> tuple[str, ...
         raise StageError(f"{what} {root}: no such folder{where}; expected an ImageFolder root/<class>/<image>")
     if not root.is_dir():
         raise StageError(f"{what} {root}: a file, not a folder; expected an ImageFolder root/<class>/<image>")
-    names = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    names = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and is_class_folder(p.name)))
     if len(names) < at_least:
         loose = sum(1 for p in root.iterdir() if p.is_file() and is_image_name(p.name))
         found = f"found {len(names)} class folder(s){f' {list(names)}' if names else ''}"

@@ -23,6 +23,7 @@ from typing import Any
 from tasks.core.errors import StageError
 from tasks.core.params import Params
 from tasks.core.private_api import edit_yaml
+from tasks.images.class_names import is_class_folder
 from tasks.tools.merge_plan import MergePlan, folder_pairs, plan_merge, split_rule
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,10 @@ def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[s
     _check_dataset(src, name, dest, dvc_file)
     layout, pairs = folder_pairs(src, dest, what=f"INTO {name}")
     rule = split_rule(params, layout, dest)
-    plan = plan_merge(src, dest, layout, pairs, rule)
-    _check_dataset_is_committed(name, dest, dvc_file)
     if from_review is None:
         from_review = src.resolve() == Path(params.serve.review_dir).resolve()
+    plan = plan_merge(src, dest, layout, pairs, rule, from_review)
+    _check_dataset_is_committed(name, dest, dvc_file)
     if plan.add:
         _apply(plan, dest, dvc_file)
         with edit_yaml(dvc_file) as document:  # `dvc add` keeps a .dvc file's meta when it adds again
@@ -134,7 +135,7 @@ def _empty_review(review: Path, taken: list[Path]) -> int:
     sidecars = {p.with_suffix(".json") for p in taken if p.with_suffix(".json").is_file()}
     # a sidecar in a hidden folder (the review page's .discarded/) belongs to an image that stays there
     sidecars |= {p for p in review.rglob("*.json") if p.stem in hashed and p.is_file()
-                 and not any(part.startswith(".") for part in p.relative_to(review).parts[:-1])}  # fmt: skip
+                 and all(is_class_folder(part) for part in p.relative_to(review).parts[:-1])}  # fmt: skip
     for path in [*taken, *sidecars]:
         path.unlink(missing_ok=True)
     review = review.resolve()

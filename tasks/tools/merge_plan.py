@@ -4,21 +4,25 @@
 SRC's images (image names inside class folders, below any wrapper, as tasks.images.layout reads them; `.json`
 sidecars and other files are ignored) are hashed against the dataset's: the same bytes already in the same
 class are skipped and counted; the same bytes under another class, or a path that exists with other bytes,
-refuse the merge. Each added image's split is computed with preprocess's own rule (tasks.images.splits.split_of).
+refuse the merge (from the review folder, whose images are named by whoever saved them, such an image is
+added as `<stem>-<sha256[:12]><ext>` instead). From the review folder only its images to review are read
+(tasks.images.review_folder: `<class>/<image>`). Each added image's split is computed with preprocess's own
+rule (tasks.images.splits.split_of).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePath
 from typing import Any
 
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_and_size
 from tasks.core.params import Params, derive_seed
 from tasks.images.layout import Layout, incoming_folders, read_layout
+from tasks.images.review_folder import is_review_image
 from tasks.images.shards import SPLITS
 from tasks.images.splits import split_of
 from tasks.images.validation import class_folders, discover, fixed_test_folder
@@ -120,7 +124,9 @@ def _split(sha256: str, folder_split: str, rule: dict[str, Any]) -> str:
                     fixed=frozenset(rule["fixed"]))  # fmt: skip
 
 
-def _incoming(src: Path, dest: Path, pairs: list[tuple[str, Path, Path]]) -> tuple[list[Incoming], int]:
+def _incoming(
+    src: Path, dest: Path, pairs: list[tuple[str, Path, Path]], from_review: bool
+) -> tuple[list[Incoming], int]:
     images: list[Incoming] = []
     ignored = 0
     for split, folder, target in pairs:
@@ -128,6 +134,9 @@ def _incoming(src: Path, dest: Path, pairs: list[tuple[str, Path, Path]]) -> tup
         candidates, _, skipped = discover(folder, role=split, class_names=names)
         ignored += len(skipped)
         for item in candidates:
+            if from_review and not is_review_image(PurePath(item.path)):
+                ignored += 1  # deeper than <class>/<image>: not a review image, left there
+                continue
             path = folder / item.path
             try:
                 digest, _ = sha256_and_size(path)
@@ -159,10 +168,9 @@ def _dataset_hashes(dest: Path, layout: Layout, sizes: set[int]) -> dict[str, li
     return found
 
 
-def plan_merge(
-    src: Path, dest: Path, layout: Layout, pairs: list[tuple[str, Path, Path]], rule: dict[str, Any]
-) -> MergePlan:
-    images, ignored = _incoming(src, dest, pairs)
+def plan_merge(src: Path, dest: Path, layout: Layout, pairs: list[tuple[str, Path, Path]], rule: dict[str, Any],
+               from_review: bool = False) -> MergePlan:  # fmt: skip
+    images, ignored = _incoming(src, dest, pairs, from_review)
     there = _dataset_hashes(dest, layout, {(i.src.stat().st_size) for i in images})
     plan = MergePlan(ignored=ignored)
     taken: dict[str, Incoming] = {}
@@ -185,6 +193,10 @@ def plan_merge(
                              f"(class {first.cls}): one image cannot have two labels; keep one, nothing was "
                              "added")  # fmt: skip
         target = dest / image.rel
+        if os.path.lexists(target) and from_review:  # another image of that name: named by its bytes too
+            path = PurePath(image.rel)
+            image = replace(image, rel=path.with_name(f"{path.stem}-{image.sha256[:12]}{path.suffix}").as_posix())
+            target = dest / image.rel
         if os.path.lexists(target):  # same bytes in the same class were skipped above: these bytes differ
             raise StageError(f"SRC file {image.src} would overwrite {target}, which holds other bytes; rename one of "
                              "them, nothing was added")  # fmt: skip

@@ -19,9 +19,14 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+from fastapi.testclient import TestClient
 from PIL import Image
 
 from tasks.core.io import sha256_bytes, sha256_file
+from tasks.core.params import Params
+from tasks.tools.review.app import create_app
+from tasks.tools.review.state import Review, open_review
 from tests.helpers.folders import make_imagefolder
 from tests.helpers.prefect import free_port
 from tests.helpers.project import ROOT, commit, env_with_venv, make_command, make_project
@@ -123,3 +128,29 @@ def review_page(repo: Path, *args: str) -> Iterator[tuple[str, Path]]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def page(root: Path, monkeypatch: pytest.MonkeyPatch, params: Params | None = None,
+         into: str | None = None) -> tuple[TestClient, Review]:  # fmt: skip
+    """The page as `make review` builds it, run from `root` (the project's folder), opened as a person opens it:
+    through the URL with the token, whose cookie the client keeps."""
+    monkeypatch.chdir(root)
+    review = open_review(params or Params(), into, root)
+    client = TestClient(create_app(review), base_url="http://127.0.0.1")
+    entry = client.get(f"/?token={client.app.state.token}", follow_redirects=False)
+    assert entry.status_code == 303 and entry.headers["location"] == "/", entry.text
+    assert client.cookies.get("imagepipe_review_80") == client.app.state.token
+    return client, review
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def review_files(review: Path) -> dict[str, bytes]:
+    """The review folder without the log (which grows by design)."""
+    return {k: v for k, v in files(review).items() if k != ".decisions.jsonl"}
+
+
+def ref(item: dict[str, str]) -> dict[str, str]:
+    return {"id": item["id"], "folder": item["folder"]}

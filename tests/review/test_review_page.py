@@ -24,33 +24,11 @@ from tasks.tools.data_merge import merge as intake_merge
 from tasks.tools.review import decisions
 from tasks.tools.review.app import create_app
 from tasks.tools.review.intake import restore_stale
-from tasks.tools.review.state import Review, open_review
+from tasks.tools.review.state import open_review
 from tests.helpers.project import dvc, sh
-from tests.helpers.review import candidate, log_lines, png, tracked_project, upload
+from tests.helpers.review import candidate, files, log_lines, page, png, ref, review_files, tracked_project, upload
 
 CLASSES = ("cat", "dog", "bird")
-
-
-def page(root: Path, monkeypatch: pytest.MonkeyPatch, params: Params | None = None,
-         into: str | None = None) -> tuple[TestClient, Review]:  # fmt: skip
-    """The page as `make review` builds it, run from `root` (the project's folder), opened as a person opens it:
-    through the URL with the token, whose cookie the client keeps."""
-    monkeypatch.chdir(root)
-    review = open_review(params or Params(), into, root)
-    client = TestClient(create_app(review), base_url="http://127.0.0.1")
-    entry = client.get(f"/?token={client.app.state.token}", follow_redirects=False)
-    assert entry.status_code == 303 and entry.headers["location"] == "/", entry.text
-    assert client.cookies.get("imagepipe_review_80") == client.app.state.token
-    return client, review
-
-
-def files(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def review_files(review: Path) -> dict[str, bytes]:
-    """The review folder without the log (which grows by design)."""
-    return {k: v for k, v in files(review).items() if k != ".decisions.jsonl"}
 
 
 @pytest.fixture
@@ -64,10 +42,6 @@ def traffic(tmp_path: Path) -> dict[str, str]:
         probabilities = {guess: p, rest[0]: p - 0.05, rest[1]: 1.05 - 2 * p}
         shas[name] = upload(review, probabilities, seed=i, saved_at=f"2025-05-0{i + 1}T10:00:00Z")
     return shas
-
-
-def ref(item: dict[str, str]) -> dict[str, str]:
-    return {"id": item["id"], "folder": item["folder"]}
 
 
 @pytest.mark.fast
@@ -184,7 +158,8 @@ def test_a_second_browser_gets_409_naming_who_moved_it_and_a_vanished_file_410(
         ("a/b", "is a path, not one folder name"),
         ("..", "is not a folder name"),
         (".hidden", "starts with '.': hidden folders are not read as classes"),
-        ("x" * 65, "is 65 characters long: at most 64"),
+        ("x" * 256, "is 256 bytes long: a folder name holds at most 255"),
+        ("é" * 128, "is 256 bytes long"),
         ("CON", "is a reserved device name on Windows"),
         ("train", "is a split folder name"),
         ("a:b", "contains ':'"),
@@ -376,22 +351,17 @@ def test_take_in_merges_the_labelled_images_and_ties_the_log_to_the_merge(
     assert review.dataset is not None and review.log.path == Path("data/raw/pets.decisions.jsonl")
     items = {i["id"]: ref(i) for i in client.get("/api/items").json()["items"]}
 
-    client.post("/api/label", json={"items": [items[shas[0]], items[shas[1]]], "to": "class_2"})
     before = files(repo / "data")
     early = client.post("/api/take-in", json={})
-    assert early.status_code == 409 and "3 of 5 image(s) have no decision yet" in early.json()["error"]
+    assert early.status_code == 409 and "none of the 5 image(s) has a decision yet" in early.json()["error"]
     assert files(repo / "data") == before
+    client.post("/api/label", json={"items": [items[shas[0]], items[shas[1]]], "to": "class_2"})
     client.post("/api/label", json={"items": [items[shas[2]], items[duplicate]]})  # Enter: the model's guess
     client.post("/api/classes", json={"name": "hamster"})
     client.post("/api/label", json={"items": [items[shas[3]]], "to": "hamster"})
     suspect = candidate(review_dir, dest / "class_0" / "class_0_002.jpg", repo, given="class_0", suggested="class_1")
     client.post("/api/label", json={"items": [{"id": suspect, "folder": "class_1"}]})  # Enter: the suggestion
-    crossed = client.post("/api/take-in", json={})
-    assert crossed.status_code == 409 and crossed.json()["error"].startswith(
-        "take-in: 1 label-error candidate(s) relabelled "
-        "(first: data/raw/pets/class_0/class_0_002.jpg, class_0 -> class_1); fix in place (f)"
-    )
-    client.post("/api/discard", json={"items": [{"id": suspect, "folder": "class_1"}]})  # hidden: no merge takes it
+    late = upload(review_dir, probabilities, seed=7)  # the live server saves one more meanwhile: it waits
     log_before = review.log.path.read_bytes()
 
     answer = client.post("/api/take-in", json={})
@@ -399,16 +369,19 @@ def test_take_in_merges_the_labelled_images_and_ties_the_log_to_the_merge(
     assert answer.status_code == 200, answer.text
     summary = answer.json()
     assert summary["added"] == 4 and summary["skipped"] == 1 and summary["classes_new"] == ["hamster"]
+    assert summary["waiting"] == {"undecided": 1, "relabelled_candidates": 1}
+    assert "1 image(s) with no decision yet and 1 relabelled label-error candidate(s) wait" in summary["said"][-1]
     assert summary["classes"]["class_2"] == {"added": 2, "skipped": 0} and sum(summary["splits"].values()) == 4
     assert summary["keep"] == ("git add data/raw/pets.dvc data/raw/pets.decisions.jsonl && git commit -m 'data: "
                                "pets: +4 reviewed images' && dvc push")  # fmt: skip
     assert any("4 added, 1 skipped" in line for line in summary["said"])
     assert (dest / "hamster" / f"{shas[3]}.png").is_file() and (dest / "class_2" / f"{shas[0]}.png").is_file()
     left = sorted(p.relative_to(review_dir).as_posix() for p in review_dir.rglob("*") if p.is_file())
-    assert left == [f".discarded/class_1/{suspect}.jpg", f".discarded/class_1/{suspect}.json"]
+    assert left == sorted([f"class_0/{late}.png", f"class_0/{late}.json", f"class_1/{suspect}.jpg",
+                           f"class_1/{suspect}.json"])  # fmt: skip
     assert (dest / "class_0" / "class_0_002.jpg").is_file() and not list(dest.rglob(f"{suspect}.*"))
     merge = yaml.safe_load((repo / "data" / "raw" / "pets.dvc").read_text())["meta"]["merges"][-1]
-    assert merge["decisions"] == {"entries": 7, "sha256": hashlib.sha256(log_before).hexdigest()}
+    assert merge["decisions"] == {"entries": 6, "sha256": hashlib.sha256(log_before).hexdigest()}
     assert merge["from_review"] is True and merge["added"] == 4
     lines = log_lines(review.log.path)
     assert lines[-1]["what"] == "take-in" and sorted(lines[-1]["taken"]) == sorted([*shas, duplicate])
@@ -416,6 +389,12 @@ def test_take_in_merges_the_labelled_images_and_ties_the_log_to_the_merge(
     assert dvc("status", "--json", "data/raw/pets.dvc", cwd=repo).stdout.strip() in ("", "{}")
     undo = client.post("/api/undo", json={})
     assert undo.status_code == 409 and "'s take-in into data/raw/pets at " in undo.json()["error"]
+    client.post("/api/discard", json={"items": [{"id": late, "folder": "class_0"}]})
+    crossed = client.post("/api/take-in", json={})  # only the relabelled candidate is left: it cannot go in
+    assert crossed.status_code == 409 and crossed.json()["error"].startswith(
+        "take-in: 1 label-error candidate(s) relabelled "
+        "(first: data/raw/pets/class_0/class_0_002.jpg, class_0 -> class_1); fix in place (f)"
+    )
 
 
 def test_take_in_while_a_dvc_repro_runs_a_stage_is_one_line_and_moves_nothing(

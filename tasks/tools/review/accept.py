@@ -1,6 +1,8 @@
 """Accepting the gate's decision from the page: `python -m tasks.tools.promote --accept "<reason>"` (what
 `make promote ACCEPT=...` runs; promote runs the gate against the new baseline itself), as a subprocess of this
-venv; its output and exit status go to the page, and an accept line to the decision log.
+venv; its output and exit status go to the page, and an accept line to the decision log. It runs beside the
+page's decisions (promote changes baseline/, not the review folder): labelling goes on while the gate scores, and
+a second accept while one runs is refused.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 from typing import Any
 
 from tasks.tools.review.dvc_lock import check_unlocked
-from tasks.tools.review.refusals import BadInput
+from tasks.tools.review.refusals import BadInput, Refusal
 from tasks.tools.review.state import Review
 
 TIMEOUT_S = 3600  # promote's gate scores both models on the test split
@@ -32,11 +34,17 @@ def accept(review: Review, reason: str) -> dict[str, Any]:
     reason = reason.strip()
     if not reason:
         raise BadInput("accept: the reason is empty; say why")
-    with review.lock:
-        check_unlocked(review.root, "accept")
-        review.log.entries()  # a log that cannot be read is refused before promote changes baseline/
+    if not review.accepting.acquire(blocking=False):
+        raise Refusal("accept: another accept is running on this page; wait for its result")
+    try:
+        with review.lock:
+            check_unlocked(review.root, "accept")
+            review.log.entries()  # a log that cannot be read is refused before promote changes baseline/
         steps = [_run(review, ["-m", "tasks.tools.promote", "--accept", reason])]
         ok = all(step["status"] == 0 for step in steps)
-        review.log.append([{"what": "accept", "reason": reason, "ok": ok,
-                            "statuses": {s["command"]: s["status"] for s in steps}}])  # fmt: skip
+        with review.lock:
+            review.log.append([{"what": "accept", "reason": reason, "ok": ok,
+                                "statuses": {s["command"]: s["status"] for s in steps}}])  # fmt: skip
         return {"ok": ok, "steps": steps}
+    finally:
+        review.accepting.release()

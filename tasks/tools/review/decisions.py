@@ -7,6 +7,7 @@ more (undoes, reason, sidecar, ...). The take-in records the log's length and sh
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -56,18 +57,23 @@ class DecisionLog:
         """Write `lines` as one batch in a single append; returns them as written."""
         return self.write(self.plan(lines))
 
-    def write(self, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Append a planned batch (DecisionLog.plan) in one write; returns it."""
-        if not written:
+    def write(self, planned: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Append a planned batch (DecisionLog.plan) in one write; returns it as written. Its ids are given under
+        an exclusive lock on the log file, after the last line written by anyone (another page on this log, a
+        decision made while this one moved files), so no two lines share an id."""
+        if not planned:
             return []
-        data = "".join(json.dumps(e, sort_keys=False) + "\n" for e in written).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:  # one write of whole lines: a reader never sees half a decision
-            os.write(fd, data)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            first = max((e["id"] for e in self.entries()), default=0) + 1
+            written = [{**e, "id": first + i, "batch": first} for i, e in enumerate(planned)]
+            data = "".join(json.dumps(e, sort_keys=False) + "\n" for e in written).encode()
+            os.write(fd, data)  # one write of whole lines: a reader never sees half a decision
             os.fsync(fd)
         finally:
-            os.close(fd)
+            os.close(fd)  # and the lock with it
         return written
 
     def snapshot(self) -> dict[str, Any]:

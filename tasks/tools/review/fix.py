@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tasks.core.errors import StageError
+from tasks.images.class_names import check_class_name
 from tasks.images.layout import read_layout
 from tasks.tools.add_data import RAW
 from tasks.tools.data_merge import _check_dataset_is_committed
 from tasks.tools.review.dvc_lock import check_unlocked
 from tasks.tools.review.items import Item, resolve
-from tasks.tools.review.names import check_class_name
 from tasks.tools.review.refusals import BadInput, Gone, Refusal
 from tasks.tools.review.state import Dataset, Review, dataset_holding
 
@@ -50,7 +50,7 @@ def _target(item: Item, dataset: Dataset, file: Path) -> Path:
             rel = file.resolve().relative_to(folder.resolve())
             if len(rel.parts) < 2:
                 break
-            cls = check_class_name(item.folder)
+            cls = check_class_name(item.folder, layout.class_names)
             new = folder / cls / Path(*rel.parts[1:])
             if cls != rel.parts[0] and split != "train" and not (roots["train"] / cls).is_dir():
                 raise Refusal(f"fix-in-place: {file} is in the {split} folder and class {cls} has no folder in "

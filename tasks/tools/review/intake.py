@@ -2,11 +2,12 @@
 `make add-data SRC=<review_dir> INTO=<name>` (tasks/tools/data_merge.py), with the decision log's length and
 sha256 recorded in the dataset's .dvc meta (meta.merges) and a take-in line in the log.
 
-Refused in one line, before anything moves: while DVC is at work, while an image has no decision yet, and while a
-label-error candidate is filed under another class than the dataset gives it (the merge would refuse the whole
-merge: fix it in place, or discard it). The images checked are moved into a hidden staging folder
-(<review_dir>/.take-in-<pid>/<class>/) and merged from there, so an upload the server saves meanwhile stays for
-review; whatever the merge did not take (all of it when it fails) goes back where it was.
+The images labelled by a decision that stands are taken; the others wait in the review folder and the summary
+says how many: those with no decision yet (a live server keeps adding some), and label-error candidates filed
+under another class than the dataset gives them (the merge would refuse them: fix them in place, or discard them).
+Refused in one line, before anything moves, while DVC is at work or when no image is ready. The images taken are
+moved into a hidden staging folder (<review_dir>/.take-in-<pid>/<class>/) and merged from there, so an upload the
+server saves meanwhile stays for review; whatever the merge did not take (all of it when it fails) goes back.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import psutil
 
 from tasks.images.imaging import is_image_name
+from tasks.images.review_folder import image_id
 from tasks.tools.data_merge import merge
 from tasks.tools.review.decisions import standing_by_image
 from tasks.tools.review.dvc_lock import check_unlocked
@@ -51,24 +53,26 @@ def _said(logger: str) -> Iterator[list[str]]:
         log.setLevel(old)
 
 
-def _check_ready(review: Review) -> list[Item]:
-    """The review folder's images, each labelled by a decision that stands; else one refusal."""
+def _check_ready(review: Review) -> tuple[list[Item], dict[str, int]]:
+    """The review folder's images labelled by a decision that stands, and how many of the others wait (no
+    decision yet; relabelled label-error candidates); one refusal when none is ready."""
     items = list_items(review)
     if not items:
         raise Refusal(f"take-in: {review.review_dir} has no images to take in")
     standing = standing_by_image(review.log.entries())
-    undecided = [i for i in items if not (standing.get(i.id, {}).get("what") == "label"
-                                          and standing[i.id]["to"] == i.folder)]  # fmt: skip
-    if undecided:
-        raise Refusal(f"take-in: {len(undecided)} of {len(items)} image(s) have no decision yet (first: "
-                      f"{undecided[0].folder}/{undecided[0].name}); label or discard (x) them first")  # fmt: skip
-    crossed = [i for i in items if i.candidate and i.sidecar.get("given") not in (None, i.folder)]
-    if crossed:
+    decided = [i for i in items if standing.get(i.id, {}).get("what") == "label" and standing[i.id]["to"] == i.folder]
+    crossed = [i for i in decided if i.candidate and i.sidecar.get("given") not in (None, i.folder)]
+    ready = [i for i in decided if i not in crossed]
+    if not ready and crossed:
         first = crossed[0]
         raise Refusal(f"take-in: {len(crossed)} label-error candidate(s) relabelled (first: "
                       f"{first.sidecar.get('file')}, {first.sidecar.get('given')} -> {first.folder}); fix in place (f) "
                       "or discard (x) them first")  # fmt: skip
-    return items
+    if not ready:
+        first = items[0]
+        raise Refusal(f"take-in: none of the {len(items)} image(s) has a decision yet (first: {first.folder}/"
+                      f"{first.name}); label or discard (x) them first")  # fmt: skip
+    return ready, {"undecided": len(items) - len(decided), "relabelled_candidates": len(crossed)}
 
 
 def _put_back(review: Review, staging: Path) -> list[str]:
@@ -79,11 +83,12 @@ def _put_back(review: Review, staging: Path) -> list[str]:
     for image in sorted(p for p in staging.rglob("*") if p.is_file() and is_image_name(p.name)):
         move = Move(image, review.review_dir / image.relative_to(staging))
         try:
+            sha = image_id(image)
             if is_duplicate(move):
                 remove_duplicate(image)
             else:
                 move_one(move)
-            back.append(image.stem)
+            back.append(sha)
         except (OSError, Refusal) as exc:
             stuck.append(f"{image}: {exc}")
     for folder in sorted((p for p in staging.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -117,7 +122,7 @@ def take_in(review: Review) -> dict[str, Any]:
         dataset = review.need_dataset("take-in")
         check_unlocked(review.root, "take-in")
         restore_stale(review)
-        items = _check_ready(review)
+        items, waiting = _check_ready(review)
         snapshot = review.log.snapshot()
         staging = review.review_dir / f"{STAGING}{os.getpid()}"
         staged = [Move(review.review_dir / i.folder / i.name, staging / i.folder / i.name) for i in items]
@@ -131,7 +136,7 @@ def take_in(review: Review) -> dict[str, Any]:
             left = set(_put_back(review, staging))
         summary = {"added": len(plan.add), "skipped": len(plan.skipped), "ignored": plan.ignored,
                    "splits": plan.split_counts() if plan.add else {}, "classes": plan.per_class(),
-                   "classes_new": list(plan.classes_new)}  # fmt: skip
+                   "classes_new": list(plan.classes_new), "waiting": waiting}  # fmt: skip
         line = {"what": "take-in", "from": review.review_dir.as_posix(), "to": dataset.dest.as_posix(),
                 "taken": sorted({i.id for i in items} - left), "decisions": snapshot, **summary}  # fmt: skip
         review.log.append([line])
@@ -142,4 +147,7 @@ def take_in(review: Review) -> dict[str, Any]:
         # `keep` adds the log to the merge's own "to keep it"; the staging folder is named as the review folder
         said = [line.replace(str(staging), str(review.review_dir)) for line in said
                 if not line.startswith("to keep it:")]  # fmt: skip
+        if any(waiting.values()):
+            said.append(f"{waiting['undecided']} image(s) with no decision yet and {waiting['relabelled_candidates']} "
+                        "relabelled label-error candidate(s) wait in the review folder")  # fmt: skip
         return {**summary, "dataset": str(dataset.dest), "said": said, "keep": keep}

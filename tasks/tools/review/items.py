@@ -1,14 +1,14 @@
 """The review folder -> the images to review: where each is, what the model guessed (top 3), why it was kept,
 when it arrived, and whether a decision that stands has filed it; the classes and the key of each.
 
-An image is `<review_dir>/<class folder>/<name>` with its `<stem>.json` sidecar (the server's low-confidence
-uploads, `make review-label-errors`' candidates); its id is the file's stem (the sha256 for both writers).
+An image is `<review_dir>/<class folder>/<name>` with its sidecar (the server's low-confidence uploads,
+`make review-label-errors`' candidates), as tasks/images/review_folder.py defines them; its id is the sha256 of
+its bytes, so two images of one name in two classes, or of one stem in one folder, are two cards.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +16,16 @@ from typing import Any
 from urllib.parse import quote
 
 from tasks.core.errors import StageError
+from tasks.images import review_folder
 from tasks.images.imaging import is_image_name
 from tasks.images.layout import read_layout
+from tasks.images.review_folder import image_id, images_in, sidecar_of
 from tasks.tools.review.decisions import last_touch, standing_by_image
 from tasks.tools.review.refusals import BadInput, Gone, Refusal
 from tasks.tools.review.state import Review
 
 KEYS = "1234567890qwertyiopasdghjklcvbm"  # one per class, in order; x u f z n are the page's own keys
-ID_RULE = re.compile(r"[^/\\\x00]{1,255}")
+ID_RULE = re.compile(r"[0-9a-f]{64}")  # a sha256
 
 
 @dataclass(frozen=True)
@@ -83,30 +85,21 @@ class Item:
                 "url": f"/img/review/{quote(self.folder)}/{quote(self.name)}", "file_url": file_url}  # fmt: skip
 
 
-def _sidecar(image: Path) -> dict[str, Any]:
+def _item(image: Path, folder: str) -> Item | None:
     try:
-        found = json.loads(image.with_suffix(".json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
-def _images(folder: Path) -> list[Path]:
-    try:
-        return sorted(p for p in folder.iterdir() if p.is_file() and is_image_name(p.name))
+        sha = image_id(image)
     except OSError:  # gone meanwhile
-        return []
+        return None
+    return Item(sha, folder, image.name, sidecar_of(image, sha))
 
 
 def class_folders(review: Review) -> list[str]:
-    if not review.review_dir.is_dir():
-        return []
-    return sorted(p.name for p in review.review_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return review_folder.class_folders(review.review_dir)
 
 
 def list_items(review: Review) -> list[Item]:
-    return [Item(p.stem, folder, p.name, _sidecar(p)) for folder in class_folders(review)
-            for p in _images(review.review_dir / folder)]  # fmt: skip
+    found = (_item(p, folder) for folder in class_folders(review) for p in images_in(review.review_dir / folder))
+    return [item for item in found if item is not None]
 
 
 def sort_items(items: list[Item], sort: str, guess: str | None) -> list[Item]:
@@ -139,42 +132,48 @@ def safe_folder(review: Review, folder: str) -> Path:
     return review.review_dir / folder
 
 
-def find(review: Review, image_id: str, folder: str) -> Path | None:
-    if not ID_RULE.fullmatch(image_id) or image_id in (".", ".."):
-        raise BadInput(f"image id {image_id!r}: no such image in the review folder")
-    return next((p for p in _images(safe_folder(review, folder)) if p.stem == image_id), None)
+def _has_id(image: Path, sha256: str) -> bool:
+    try:
+        return image_id(image) == sha256
+    except OSError:
+        return False
 
 
-def locate(review: Review, image_id: str) -> list[Path]:
+def find(review: Review, sha256: str, folder: str) -> Item | None:
+    """The image of that id in that folder of the review folder, or None."""
+    if not ID_RULE.fullmatch(sha256):
+        raise BadInput(f"image id {sha256!r}: no such image in the review folder")
+    path = next((p for p in images_in(safe_folder(review, folder)) if _has_id(p, sha256)), None)
+    return None if path is None else Item(sha256, folder, path.name, sidecar_of(path, sha256))
+
+
+def locate(review: Review, sha256: str) -> list[Path]:
     """Every image of that id anywhere in the review folder, hidden folders too."""
     if not review.review_dir.is_dir():
         return []
-    return sorted(p for p in review.review_dir.rglob(f"{glob_escape(image_id)}.*") if is_image_name(p.name))
-
-
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", text)
+    found = (p for p in review.review_dir.rglob("*") if is_image_name(p.name) and p.is_file())
+    return sorted(p for p in found if _has_id(p, sha256))
 
 
 def resolve(review: Review, refs: list[tuple[str, str]]) -> list[Item]:
     """The images where the page saw them ((id, folder) each), or one refusal for the first that is not there:
     409 when it is in another folder now (who moved it, where, when, from the log), 410 when it is gone."""
     found = []
-    for image_id, folder in refs:
-        path = find(review, image_id, folder)
-        if path is not None:
-            found.append(Item(image_id, folder, path.name, _sidecar(path)))
+    for sha256, folder in refs:
+        item = find(review, sha256, folder)
+        if item is not None:
+            found.append(item)
             continue
-        short, entries = image_id[:12], review.log.entries()
-        touch = last_touch(entries, image_id)
-        elsewhere = [p.parent.relative_to(review.review_dir).as_posix() for p in locate(review, image_id)]
+        short, entries = sha256[:12], review.log.entries()
+        touch = last_touch(entries, sha256)
+        elsewhere = [p.parent.relative_to(review.review_dir).as_posix() for p in locate(review, sha256)]
         if elsewhere:
             if touch is not None and touch.get("to") in elsewhere:
                 raise Refusal(f"image {short} is no longer in {folder}/: {touch['who']} moved it to {touch['to']}/ "
                               f"at {touch['when']} ({touch['what']}); reload the page")  # fmt: skip
             raise Refusal(f"image {short} is no longer in {folder}/: it is in {elsewhere[0]}/ now, moved outside "
                           "this page; reload the page")  # fmt: skip
-        standing = standing_by_image(entries).get(image_id)
+        standing = standing_by_image(entries).get(sha256)
         if standing is not None and standing["what"] in ("take-in", "fix-in-place"):
             raise Gone(f"image {short} is gone from the review folder: {standing['who']} "
                        f"{'took it in to' if standing['what'] == 'take-in' else 'fixed it in place in'} "

@@ -2,7 +2,8 @@
 (os.replace within one filesystem), so that an image is never without its sidecar and a batch is all or nothing.
 
 The sidecar goes first (linked into the new folder, as the server writes it before the image), then the image
-(os.replace), then the old sidecar name is removed. A failure part-way puts every moved file back. The same
+(os.replace), then the old sidecar name is removed; a `<stem>.json` that is another image's (tasks/images/
+review_folder.py) stays. A failure part-way puts every moved file back. The same
 bytes already at the target (an image uploaded again after its decision) are a duplicate: removed, not moved.
 """
 
@@ -16,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from tasks.core.io import sha256_file
+from tasks.images.review_folder import image_id, owns_sidecar
 from tasks.tools.review.refusals import Gone, Refusal
 
 
 @dataclass(frozen=True)
 class Move:
     image: Path  # where it is
-    target: Path  # where it goes (same name, another folder)
+    target: Path  # where it goes (another folder; its own name, or that name and its id's start)
 
     @property
     def sidecars(self) -> tuple[Path, Path]:
@@ -43,7 +45,10 @@ def move_one(move: Move) -> None:
     if move.target.exists() or new_sidecar.exists():
         raise Refusal(f"{move.target}: already there (the same image, filed twice?); nothing was moved")
     move.target.parent.mkdir(parents=True, exist_ok=True)
-    has_sidecar = old_sidecar.is_file()
+    try:
+        has_sidecar = old_sidecar.is_file() and owns_sidecar(move.image, image_id(move.image))
+    except FileNotFoundError:
+        raise Gone(f"{move.image}: gone while being moved; reload the page") from None
     if has_sidecar:
         _link(old_sidecar, new_sidecar)
     try:

@@ -37,6 +37,7 @@ class Review:
     log: DecisionLog
     new_classes: list[str] = field(default_factory=list)  # typed on the page, no folder yet
     lock: threading.RLock = field(default_factory=threading.RLock)  # one decision at a time, from every browser
+    accepting: threading.Lock = field(default_factory=threading.Lock)  # one accept at a time, beside the decisions
 
     def need_dataset(self, action: str) -> Dataset:
         if self.dataset is None:
