@@ -127,8 +127,8 @@ add-data: setup
 # torchvision's file name; params.yaml's train.arch and train.pretrained are set. Then commit and `dvc push`.
 WEIGHTS ?= DEFAULT
 add-weights: setup
-	@test -n "$(ARCH)" || { echo "error: ARCH is missing: make add-weights ARCH=resnet18 [WEIGHTS=IMAGENET1K_V1] [SRC=file]" >&2; exit 2; }
-	$(BIN)/python -m tasks.tools.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)")
+	@test -n "$(ARCH)" || { echo "error: ARCH is missing: make add-weights ARCH=resnet18 [WEIGHTS=IMAGENET1K_V1] [SRC=file], or ARCH=timm/<name> [WEIGHTS=<tag>] [REVISION=<commit>]" >&2; exit 2; }
+	$(BIN)/python -m tasks.tools.add_weights "$(ARCH)" --weights "$(WEIGHTS)" $(if $(SRC),--src "$(SRC)") $(if $(URL),--url "$(URL)") $(if $(REVISION),--revision "$(REVISION)")
 
 # The production model's weights (the promoted baseline's, else the last export's; its sha256 checked against the
 # ONNX) into paths.parent, `dvc add`ed: what train.warm_start.enabled starts the next training from. Then commit

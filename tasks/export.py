@@ -40,7 +40,7 @@ from tasks.release.inference import OnnxModel, median_latency_ms, softmax
 from tasks.release.onnx_metadata import TEMPERATURE_KEY, write_metadata
 from tasks.release.parity import Check, enforce, int8_checks, int8_report, parity, parity_checks
 from tasks.release.quantize import calibration_sample, quantize_int8
-from tasks.training.models import load_model_file, normalize, split_logits
+from tasks.training.models import for_export, load_model_file, normalize, split_logits
 from tasks.training.serialize import INPUT_NAME, export_onnx, export_torchscript, load_torchscript, torch_threads
 from tasks.training.tempered import temperature_of, tempered
 
@@ -122,7 +122,8 @@ def run(
 ) -> ExportResult:
     model, spec, payload = load_model_file(model_path)
     temperature = temperature_of(payload)
-    model = tempered(model, temperature)  # every format, and the PyTorch reference parity compares them to
+    # every format, and the PyTorch reference parity compares them to; timm's reparameterisable models fused
+    model = tempered(for_export(model), temperature)
     test = ShardSplit.open(shard_dir, "test")
     test.require_classes(spec.class_names, model_path)
     metadata = _metadata(params, spec, payload, model_path, shard_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -31,8 +31,16 @@ class Section(BaseModel):
 
 Fraction = Annotated[float, Field(ge=0.0, lt=1.0)]
 AUTO = "auto"
-Arch = Literal["resnet18", "resnet34", "resnet50", "mobilenet_v3_small"]  # torchvision models, by name
-ARCHS: tuple[str, ...] = get_args(Arch)
+TIMM_PREFIX = "timm/"  # train.arch timm/<name>: timm.create_model(<name>); otherwise a torchvision model's name
+ARCH_NAME = r"^(timm/)?[a-z][a-z0-9_.]*$"  # the spelling; tasks/training/models.py checks the name is a model
+Arch = Annotated[
+    str,
+    Field(
+        pattern=ARCH_NAME,
+        description="a torchvision classification model by name (resnet18, efficientnet_b0, convnext_tiny, ...) or a "
+        "timm model as timm/<name> (timm/mobilenetv4_conv_small, ...)",
+    ),
+]
 Auto = Literal["auto"]  # chosen from the data at run time (tasks/training/recipe.py); a number is used as written
 
 
@@ -282,8 +290,8 @@ class TrainParams(Section):
     compile: bool = Field(False, description="torch.compile the model (checkpoints load either way)")
     pretrained: str | None = Field(
         None,
-        description="torchvision weights of arch to start from (IMAGENET1K_V1, DEFAULT, ...), a DVC-tracked file "
-        "in paths.pretrained (make add-weights)",
+        description="published weights of arch to start from: torchvision's (IMAGENET1K_V1, DEFAULT, ...) or timm's "
+        "pretrained tag (e2400_r224_in1k, DEFAULT, ...), a DVC-tracked file in paths.pretrained (make add-weights)",
     )
     init_from: Path | None = Field(None, description="local weights to start from; mismatched layers are skipped")
     warm_start: WarmStartParams = WarmStartParams()

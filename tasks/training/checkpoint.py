@@ -214,13 +214,22 @@ def _strip(key: str) -> str:
     return key
 
 
+def read_state(path: Path) -> Any:
+    """A weights file: safetensors (the Hugging Face hub's format) by its suffix, else torch's, tensors only."""
+    if Path(path).suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path, device="cpu")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def load_init_weights(model: torch.nn.Module, path: Path, what: str = "train.init_from") -> dict[str, Any]:
     """Transfer learning: copy every layer of `path` whose name and shape match; list what was skipped."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{what}: {path} does not exist")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = read_state(path)
     except Exception as exc:
         raise CheckpointError(
             f"{what}: {path} is not a weights file torch loads with weights_only=True ({type(exc).__name__})"

@@ -1,7 +1,13 @@
-"""torchvision models by name, the model file (weights + spec + provenance), and input normalisation."""
+"""Models by name (torchvision's classification models, timm's as timm/<name>), the model file (weights + spec +
+provenance), and input normalisation.
+
+A name that is no model is refused in one line with the nearest names; a model whose head (the classifier
+transfer learning replaces: timm's `get_classifier()`, torchvision's last Linear) cannot be found is refused too.
+"""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -11,24 +17,68 @@ import torch
 import torchvision
 
 from tasks.core.blocks import batches, block_rows
+from tasks.core.errors import StageError
 from tasks.core.io import atomic_file
-from tasks.core.params import ARCHS
+from tasks.core.params import TIMM_PREFIX
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import ShardSplit
 
 
+class ModelError(StageError):
+    """train.arch names no model this project can train; the message names it and the nearest names."""
+
+
+def _refuse(arch: str, names: list[str], where: str) -> ModelError:
+    near = difflib.get_close_matches(arch.removeprefix(TIMM_PREFIX), names, n=3, cutoff=0.6)
+    prefix = TIMM_PREFIX if arch.startswith(TIMM_PREFIX) else ""
+    hint = f"; nearest: {', '.join(prefix + n for n in near)}" if near else ""
+    return ModelError(f"train.arch {arch!r}: {where}{hint}")
+
+
 def build_model(arch: str, num_classes: int) -> torch.nn.Module:
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
-    return getattr(torchvision.models, arch)(weights=None, num_classes=num_classes)
+    """`arch` with a new head of `num_classes`, randomly initialised (its weights: tasks/training/pretrained.py)."""
+    if arch.startswith(TIMM_PREFIX):
+        import timm  # only for timm's models: its import costs a second
+
+        name = arch.removeprefix(TIMM_PREFIX)
+        if not timm.is_model(name):
+            raise _refuse(arch, timm.list_models(), f"timm {timm.__version__} has no model {name!r}")
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    else:
+        names = torchvision.models.list_models(module=torchvision.models)  # classification models only
+        if arch not in names:
+            raise _refuse(arch, names, "no torchvision classification model of that name (timm's: timm/<name>)")
+        model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    try:
+        head_name(model)
+    except ValueError as exc:
+        raise ModelError(f"train.arch {arch!r}: {exc}, which transfer learning and freezing need") from None
+    return model
 
 
 def head_name(model: torch.nn.Module) -> str:
-    """The classifier layer (the last Linear): what transfer learning replaces and a frozen backbone trains."""
+    """The classifier layer: what transfer learning replaces and a frozen backbone trains. timm's models say which
+    (`get_classifier()`); torchvision's is the last Linear."""
+    if hasattr(model, "get_classifier") and hasattr(model, "pretrained_cfg"):
+        classifier = model.get_classifier()
+        named = [name for name, module in model.named_modules() if module is classifier and name]
+        if named:
+            return named[0]
+        raise ValueError(f"{type(model).__name__}'s classifier is not one of its modules")
     names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     if not names:
         raise ValueError(f"{type(model).__name__} has no Linear layer to use as the head")
     return names[-1]
+
+
+def for_export(model: torch.nn.Module) -> torch.nn.Module:
+    """The model as it is served: timm's reparameterisable models (MobileOne, RepViT, FastViT) fused into their
+    inference form (the same function, fewer layers); others as they are."""
+    if hasattr(model, "pretrained_cfg"):
+        from timm.utils.model import reparameterize_model
+
+        return reparameterize_model(model.eval())
+    return model
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,4 +1,6 @@
-"""train.pretrained: torchvision's published weights for train.arch, from a file DVC tracks -> the model's start.
+"""train.pretrained: the published weights for train.arch, from a file DVC tracks -> the model's start. timm's
+models (train.arch timm/<name>) take timm's pretrained tags from the Hugging Face hub (tasks/training/
+timm_weights.py); torchvision's, as follows.
 
 The weights are named as torchvision names them (`IMAGENET1K_V1`, `DEFAULT`, ...) and resolved with
 `torchvision.models.get_weight`; the file is the one torchvision publishes, under its own name
@@ -22,10 +24,11 @@ from torchvision.models import get_model_weights, get_weight
 
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_file
-from tasks.core.params import TrainParams
+from tasks.core.params import TIMM_PREFIX, TrainParams
 from tasks.core.paths import Paths
 from tasks.images.imaging import PreprocessSpec
-from tasks.training.checkpoint import load_init_weights
+from tasks.training import timm_weights
+from tasks.training.checkpoint import load_init_weights, read_state
 from tasks.training.models import head_name
 from tasks.training.warm_start import warm_start
 
@@ -39,14 +42,16 @@ class WeightsError(StageError):
 
 @dataclass(frozen=True)
 class Published:
-    """One entry of torchvision's weights registry."""
+    """One entry of torchvision's weights registry, or one of timm's pretrained tags (hub set)."""
 
     arch: str
-    name: str  # the enum member's own name (DEFAULT resolved)
+    name: str  # the enum member's own name, or timm's tag (DEFAULT resolved)
     url: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
     crop_size: int
+    hub: str | None = None  # timm's: the Hugging Face repository (timm/<name>.<tag>)
+    interpolation: str = "bilinear"
 
     @property
     def filename(self) -> str:
@@ -62,7 +67,15 @@ class Published:
 
 
 def published(arch: str, name: str) -> Published:
-    """`name` of torchvision's weights for `arch` (train.pretrained), or a WeightsError listing the valid ones."""
+    """`name` of the published weights for `arch` (train.pretrained), or a WeightsError listing the valid ones."""
+    if arch.startswith(TIMM_PREFIX):
+        try:
+            tag, cfg = timm_weights.tag_config(arch, name)
+        except StageError as exc:
+            raise WeightsError(str(exc)) from None
+        url = f"https://huggingface.co/{cfg.hf_hub_id}/resolve/main/{timm_weights.HUB_FILE}"
+        return Published(arch, tag, url, tuple(cfg.mean), tuple(cfg.std), int(cfg.input_size[-1]), cfg.hf_hub_id,
+                         cfg.interpolation)  # fmt: skip
     enum = get_model_weights(arch)
     valid = [*enum.__members__]
     if name not in valid:
@@ -74,12 +87,16 @@ def published(arch: str, name: str) -> Published:
 
 
 def weights_file(folder: Path, weights: Published) -> Path:
+    if weights.hub is not None:
+        return timm_weights.weights_path(folder, weights.arch, weights.name)
     return Path(folder) / weights.filename
 
 
-def is_published(sha256: str, weights: Published) -> bool:
-    """Does a file's sha256 start with the hash that torchvision's file name carries?"""
-    return bool(weights.sha256_prefix) and sha256.startswith(weights.sha256_prefix)
+def is_published(sha256: str, weights: Published, path: Path | None = None) -> bool:
+    """Does a file's sha256 start with the hash that its name (torchvision's, or the one add-weights gave timm's)
+    carries?"""
+    found = HASH_IN_NAME.search(path.name if path is not None else weights.filename)
+    return found is not None and sha256.startswith(found.group(1))
 
 
 def check_spec(weights: Published, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
@@ -100,15 +117,15 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
             f"else `{weights.add_command()}` on a machine with internet (downloads {weights.url})"
         )
     digest = sha256_file(path)
-    if not is_published(digest, weights):  # refused before a byte is loaded: the name promises the published file
+    if not is_published(digest, weights, path):  # refused before a byte is loaded: the name promises the file
         raise WeightsError(
-            f"train.pretrained {weights.name}: {path} is not the file torchvision publishes (its sha256 {digest[:12]} "
-            f"does not start with {weights.sha256_prefix}, the hash in its name); to start from your own weights, "
+            f"train.pretrained {weights.name}: {path} is not the published file (its sha256 {digest[:12]} does not "
+            f"start with the hash in its name); to start from your own weights, "
             f"move the file elsewhere and point train.init_from at it, or `{weights.add_command()}` brings the "
             "published one"
         )
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = read_state(path)
     except Exception as exc:
         raise WeightsError(f"train.pretrained: {path} is not a state dict torch loads ({type(exc).__name__})") from None
     own, head = model.state_dict(), head_name(model)
@@ -125,7 +142,9 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
         )
     record = load_init_weights(model, path, what="train.pretrained")
     return {**record, "weights": f"{weights.arch}.{weights.name}", "url": weights.url,
-            "published_file": is_published(record["sha256"], weights)}  # fmt: skip
+            "published_file": is_published(record["sha256"], weights, path),
+            "config": {"crop_size": weights.crop_size, "interpolation": weights.interpolation,
+                       "mean": list(weights.mean), "std": list(weights.std)}}  # fmt: skip
 
 
 def start_weights(
