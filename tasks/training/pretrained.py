@@ -120,7 +120,8 @@ def load_pretrained(model: torch.nn.Module, folder: Path, weights: Published) ->
     if not is_published(digest, weights, path):  # refused before a byte is loaded: the name promises the file
         raise WeightsError(
             f"train.pretrained {weights.name}: {path} is not the published file (its sha256 {digest[:12]} does not "
-            f"start with the hash in its name); to start from your own weights, "
+            f"start with {HASH_IN_NAME.search(path.name).group(1)}, the hash in its name); to start from your own "  # type: ignore[union-attr]
+            "weights, "
             f"move the file elsewhere and point train.init_from at it, or `{weights.add_command()}` brings the "
             "published one"
         )

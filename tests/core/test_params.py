@@ -59,7 +59,7 @@ def test_every_field_of_the_schema_is_written_in_params_yaml() -> None:
         ({"trian": {}}, r"trian: unknown key; did you mean train\?"),
         ({"train": {"lr": "fast"}}, r"train\.lr: .*valid number.*'fast'"),
         ({"train": {"lr": -1}}, r"train\.lr: .*greater than 0.*-1"),
-        ({"train": {"arch": "vgg99"}}, r"train\.arch: .*'vgg99'"),
+        ({"train": {"arch": "VGG 99"}}, r"train\.arch: .*'VGG 99'"),
         ({"preprocess": {"val_fraction": 0.6, "test_fraction": 0.5}}, r"preprocess: .*leave images for training"),
         ({"generate": {"min_side": 300}}, r"generate: .*min_side \(300\) is larger than max_side"),
         ({"regression": {"rules": [{"metric": "accuracy", "direction": "up"}]}}, r"regression\.rules\.0\.direction"),
