@@ -96,7 +96,8 @@ def test_a_file_under_torchvisions_name_that_is_not_the_published_one_is_refused
         load_pretrained(model, tmp_path, RESNET18)
     message = str(caught.value)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert "\n" not in message and f"{path} is not the published file (its sha256 {digest[:12]} does not start" in message
+    assert "\n" not in message
+    assert f"{path} is not the published file (its sha256 {digest[:12]} does not start" in message
     assert "does not start with f37072fd" in message and "point train.init_from at it" in message
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
