@@ -18,12 +18,7 @@ from tasks.images.review_folder import count
 from tasks.tools.review import accept as accept_module
 from tasks.tools.review.decisions import DecisionLog
 from tests.helpers.folders import make_imagefolder
-from tests.helpers.review import log_lines, page, png, tracked_project, upload
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    return tracked_project(tmp_path)
+from tests.helpers.review import log_lines, page, png, upload
 
 
 def test_two_images_of_one_name_in_two_classes_are_two_cards_labelled_undone_and_taken_in(

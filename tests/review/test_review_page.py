@@ -26,7 +26,7 @@ from tasks.tools.review.app import create_app
 from tasks.tools.review.intake import restore_stale
 from tasks.tools.review.state import open_review
 from tests.helpers.project import dvc, sh
-from tests.helpers.review import candidate, files, log_lines, page, png, ref, review_files, tracked_project, upload
+from tests.helpers.review import candidate, files, log_lines, page, png, ref, review_files, upload
 
 CLASSES = ("cat", "dog", "bird")
 
@@ -329,14 +329,6 @@ def test_without_a_tracked_dataset_take_in_and_fix_answer_one_line_naming_add_da
     assert fixed.status_code == 409 and "`make add-data SRC=data/generated NAME=shapes`" in error
     assert error.startswith("fix-in-place: data/generated/circle/circle_00001.png is not in a DVC-tracked dataset")
     assert generated.is_file() and (tmp_path / "data" / "review" / "dog" / f"{sha}.png").is_file()
-
-
-# A real DVC-tracked dataset: data/raw/pets (class_0..2, 4 images each), committed; data.source points at it.
-
-
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    return tracked_project(tmp_path)
 
 
 def test_take_in_merges_the_labelled_images_and_ties_the_log_to_the_merge(
