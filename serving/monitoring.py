@@ -229,12 +229,14 @@ class ReviewFolder:
                 self._full_folders = self._folders() if self._cell[0] >= self.max_files else None
             if self._cell[0] >= self.max_files:
                 return "full"
+            # Written under the lock: a recount (above, in another worker) then never misses a save the count
+            # already holds, which would let the folder grow past max_files.
+            folder.mkdir(parents=True, exist_ok=True)
+            sidecar = target.with_suffix(".json")
+            # Time belongs in the sidecar: the review folder is intake, not a versioned artifact.
+            payload = {**record, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            for path, content in ((sidecar, json.dumps(payload, indent=2).encode()), (target, data)):
+                with atomic_file(path, durable=False) as handle:  # the image last: an image always has its sidecar
+                    handle.write(content)
             self._cell[0] += 1
-        folder.mkdir(parents=True, exist_ok=True)
-        sidecar = target.with_suffix(".json")
-        # Time belongs in the sidecar: the review folder is intake, not a versioned artifact.
-        payload = {**record, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        for path, content in ((sidecar, json.dumps(payload, indent=2).encode()), (target, data)):
-            with atomic_file(path, durable=False) as handle:  # the image last: an image always has its sidecar
-                handle.write(content)
         return None

@@ -62,6 +62,20 @@ def check_space(raw: dict[str, Any], space: dict[str, SearchRange]) -> None:
                 raise SpaceError(
                     f"sweep.space.{key}: {key}={value!r} from its {kind} is not a value {key} takes ({why})"
                 ) from None
+        if key == "train.arch":
+            _check_models(spec)
+
+
+def _check_models(spec: SearchRange) -> None:
+    """Each arch choice names a model (torchvision's or timm's): the schema checks only its spelling."""
+    from tasks.core.errors import StageError
+    from tasks.training.models import check_arch  # torch and torchvision: only for a sweep over models
+
+    for value in _ends(spec):
+        try:
+            check_arch(str(value))
+        except StageError as exc:
+            raise SpaceError(f"sweep.space.train.arch: {value!r} from its choice is not a model ({exc})") from None
 
 
 def suggest(trial: optuna.trial.BaseTrial, space: dict[str, SearchRange]) -> dict[str, Any]:

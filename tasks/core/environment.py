@@ -37,10 +37,12 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
         "scikit-learn",
         "scikit-image",
         "scipy",
+        "timm",
+        "safetensors",
         *_PARAMS,
-    ),  # scikit-*: the mirror check and the feature probe
-    "evaluate": ("torch", "torchvision", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
-    "export": ("torch", "torchvision", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
+    ),  # scikit-*: the mirror check and the feature probe; timm: its models; safetensors: the hub's weights files
+    "evaluate": ("torch", "torchvision", "timm", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
+    "export": ("torch", "torchvision", "timm", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
     "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests
 }
 # Imported by stage code but writing no byte of any output: progress bars on stderr, DVC's state (read), MLflow.
@@ -53,8 +55,10 @@ WRITES_NO_OUTPUT = (
     "mlflow-skinny",
     "mlflow-tracing",
     "psutil",
+    "huggingface_hub",
 )  # dvc*: the ledger's hashes of what a stage wrote (tasks/core/provenance.py); mlflow: the experiment table;
-# psutil: which process holds DVC's locks (private_api.dvc_busy, for the review page)
+# psutil: which process holds DVC's locks (private_api.dvc_busy, for the review page); huggingface_hub: make
+# add-weights' download (timm_weights.download), which no stage calls
 
 # /proc/cpuinfo flags that make torch (ATen, oneDNN) or onnxruntime pick other kernels: x86's `flags`, then
 # aarch64's `Features` (NEON dot product, half precision, SVE, bf16 and int8 matrix instructions).

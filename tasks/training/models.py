@@ -35,19 +35,29 @@ def _refuse(arch: str, names: list[str], where: str) -> ModelError:
     return ModelError(f"train.arch {arch!r}: {where}{hint}")
 
 
-def build_model(arch: str, num_classes: int) -> torch.nn.Module:
-    """`arch` with a new head of `num_classes`, randomly initialised (its weights: tasks/training/pretrained.py)."""
+def check_arch(arch: str) -> None:
+    """Raise ModelError unless `arch` names a model: timm's by `timm.is_model`, torchvision's among its
+    classification models (what a sweep's choices are checked by before any trial runs)."""
     if arch.startswith(TIMM_PREFIX):
         import timm  # only for timm's models: its import costs a second
 
         name = arch.removeprefix(TIMM_PREFIX)
         if not timm.is_model(name):
             raise _refuse(arch, timm.list_models(), f"timm {timm.__version__} has no model {name!r}")
-        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+        return
+    names = torchvision.models.list_models(module=torchvision.models)  # classification models only
+    if arch not in names:
+        raise _refuse(arch, names, "no torchvision classification model of that name (timm's: timm/<name>)")
+
+
+def build_model(arch: str, num_classes: int) -> torch.nn.Module:
+    """`arch` with a new head of `num_classes`, randomly initialised (its weights: tasks/training/pretrained.py)."""
+    check_arch(arch)
+    if arch.startswith(TIMM_PREFIX):
+        import timm
+
+        model = timm.create_model(arch.removeprefix(TIMM_PREFIX), pretrained=False, num_classes=num_classes)
     else:
-        names = torchvision.models.list_models(module=torchvision.models)  # classification models only
-        if arch not in names:
-            raise _refuse(arch, names, "no torchvision classification model of that name (timm's: timm/<name>)")
         model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     try:
         head_name(model)

@@ -45,11 +45,12 @@ def test_a_space_that_params_yaml_does_not_take_is_refused_in_one_line() -> None
         "train.learning_rate": ({"low": 0.01, "high": 0.1}, "params.yaml has no key train.learning_rate"),
         "train.optimizer": ({"low": 0, "high": 1}, "train.optimizer=0 from its integer range is not a value"),
         "train.augment.crop_padding": ({"low": 0.5, "high": 4.5}, "crop_padding=0.5 from its range is not a value"),
-        "train.arch": ({"choices": ["resnet18", "vgg"]}, "train.arch='vgg' from its choice is not a value"),
+        "train.arch": ({"choices": ["resnet18", "VGG-16"]}, "train.arch='VGG-16' from its choice is not a value"),
+        "train.arch ": ({"choices": ["resnet18", "vgg"]}, "'vgg' from its choice is not a model .*nearest: vgg"),
     }
     for key, (spec, words) in cases.items():
         with pytest.raises(SpaceError, match=words.replace("(", r"\(")) as caught:
-            check_space(raw, _space({key: spec}))
+            check_space(raw, _space({key.strip(): spec}))
         assert "\n" not in str(caught.value)
     for bad in ({"low": 0.1, "high": 0.01}, {"low": 0.0, "high": 1.0, "log": True}, {"low": 1}):
         with pytest.raises(ValueError):
