@@ -42,7 +42,18 @@ LIBRARIES: dict[str, tuple[str, ...]] = {
         *_PARAMS,
     ),  # scikit-*: the mirror check and the feature probe; timm: its models; safetensors: the hub's weights files
     "evaluate": ("torch", "torchvision", "timm", "numpy", "pillow", "pyarrow", "matplotlib", *_PARAMS),
-    "export": ("torch", "torchvision", "timm", "onnx", "onnxscript", "onnxruntime", "numpy", "pillow", "pyarrow", *_PARAMS),
+    "export": (
+        "torch",
+        "torchvision",
+        "timm",
+        "onnx",
+        "onnxscript",
+        "onnxruntime",
+        "numpy",
+        "pillow",
+        "pyarrow",
+        *_PARAMS,
+    ),
     "check_regression": ("onnxruntime", "numpy", "pillow", "pyarrow", "scipy", *_PARAMS),  # scipy: the paired tests
 }
 # Imported by stage code but writing no byte of any output: progress bars on stderr, DVC's state (read), MLflow.
