@@ -66,6 +66,7 @@ def test_digits_get_no_flips_because_mirrors_of_one_digit_take_another_digits_pl
     assert start.params.augment.hflip is False
 
 
+@pytest.mark.slow  # 158 s (the probe trains twice); flips kept by the probe: tests/training/test_flip_probe.py
 def test_objects_that_all_face_one_way_keep_flips(tmp_path: Path) -> None:
     """A mirrored car is unlike every training car (the held-out mirrors score far below the originals), yet it is
     no other class: adding mirrors costs nothing, so flips stay on."""
