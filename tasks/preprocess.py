@@ -22,17 +22,16 @@ from tqdm import tqdm
 from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, dumps_json
-from tasks.core.params import Params, PreprocessParams, derive_seed
+from tasks.core.params import Params, PreprocessParams
 from tasks.images.aspect import Aspect, choose_resize
 from tasks.images.history import generations
-from tasks.images.image_set import image_set_sha256
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.layout import Layout, check_data_folders, read_layout
+from tasks.images.manifest_content import manifest_of
 from tasks.images.report import check_usable, log_summary
-from tasks.images.reuse import Pool, decoder_versions, gather, pixels_key, salvage
+from tasks.images.reuse import Pool, gather, pixels_key, salvage
 from tasks.images.shard_build import ShardBuilder
-from tasks.images.shard_layout import RULE
-from tasks.images.shards import FORMAT_VERSION, MANIFEST, QUARANTINE, SPLITS, class_counts, schema_description
+from tasks.images.shards import MANIFEST, QUARANTINE, SPLITS
 from tasks.images.space import check_space
 from tasks.images.splits import Plan, plan, split_of
 from tasks.images.validation import (
@@ -128,7 +127,7 @@ def run(
         labels = {split: [f["label"] for f in files if f["split"] == split] for split in SPLITS}
         split_counts = {split: len(labels[split]) for split in SPLITS}
         check_usable(layout, files, split_counts, quarantined)
-        manifest = _manifest(params, seed, spec, layout, counts, todo, split_counts, labels, shards, files, resize)
+        manifest = manifest_of(params, seed, spec, layout, counts, todo, split_counts, labels, shards, files, resize)
         manifest["pixels_key"] = key
         (tmp / MANIFEST).write_text(dumps_json(manifest))
         report = {"quarantined": quarantined, "ignored": ignored, "duplicates": todo.duplicates, "counts": counts}
@@ -187,13 +186,12 @@ Placed = tuple[Candidate, str, str, int]  # (representative, sha256, split, gene
 
 def _order(params: PreprocessParams, seed: int, todo: Plan, fixed: frozenset[str], history: dict[str, int]
            ) -> list[Placed]:  # fmt: skip
-    split_seed = derive_seed(seed, "preprocess")
     placed = []
     for item, digest in todo.decode:
         if item.root in FIXED_SPLIT:
             split = FIXED_SPLIT[item.root]
         else:
-            split = split_of(digest, split_seed, params.val_fraction, params.test_fraction, fixed=fixed)
+            split = split_of(digest, seed, params.val_fraction, params.test_fraction, fixed=fixed)
         placed.append((item, digest, split, history.get(digest, 0)))
     placed.sort(key=lambda p: (SPLITS.index(p[2]), p[3], p[0].root, p[0].path))
     return placed
@@ -203,52 +201,6 @@ def _log_reuse(stats: dict[str, int]) -> None:
     log.info("images: %d decoded, %d copied from earlier shards, %d in %d earlier shard file(s) linked as they "
              "were; %d shard file(s) written", stats["decoded"], stats["copied"], stats["linked"],
              stats["linked_shards"], stats["written_shards"])  # fmt: skip
-
-
-def _manifest(
-    params: PreprocessParams, seed: int, spec: PreprocessSpec, layout: Layout, counts: dict[str, int],
-    todo: Plan, split_counts: dict[str, int], labels: dict[str, list[int]], shards: dict[str, Any],
-    files: list[dict[str, Any]], resize: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
-    """manifest.json: format, spec (and why its resize), the folders' layout, split rule, counts, shards, the
-    frozen test set and every accepted file."""
-    class_names = spec.class_names
-    test_hashes = sorted(f["sha256"] for f in files if f["split"] == "test")
-    return {
-        "format_version": FORMAT_VERSION,
-        "image_size": params.image_size,
-        "schema": schema_description(params.image_size),
-        "class_names": list(class_names),
-        "spec": spec.model_dump(mode="json"),
-        "resize": resize,
-        "layout": layout.to_json(),
-        "decoder": decoder_versions(),
-        "shard_rule": RULE,
-        "split_rule": {
-            "by": "sha256 of the file's bytes and the seed",
-            "seed": seed,
-            "val_fraction": 0.0 if "val" in layout.fixed else params.val_fraction,
-            "test_fraction": 0.0 if "test" in layout.fixed else params.test_fraction,
-            "val": _rule(layout, VAL_SOURCE),
-            "test": _rule(layout, TEST_SOURCE),
-        },
-        "counts": counts,
-        "duplicate_groups": len(todo.duplicates),
-        "splits": {
-            split: {
-                "count": split_counts[split],
-                "class_counts": class_counts(labels[split], len(class_names)),
-                "shards": shards[split],
-            }
-            for split in SPLITS
-        },
-        "test_set": {
-            "count": len(test_hashes),
-            "sha256": image_set_sha256(test_hashes),  # the test set's one identity (tasks/images/image_set.py)
-            "files": test_hashes,
-        },
-        "files": files,
-    }
 
 
 def _decode_and_write(
@@ -297,13 +249,6 @@ def _decode_and_write(
 
 
 FIXED_SPLIT = {VAL_SOURCE: "val", TEST_SOURCE: "test"}
-
-
-def _rule(layout: Layout, role: str) -> str:
-    folder = layout.folder(role)
-    if folder is None:
-        return "hash range"
-    return "data.test_source" if layout.kind == "class folders" else f"folder {folder.name}"
 
 
 def _main(p: Params) -> None:

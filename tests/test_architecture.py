@@ -11,7 +11,9 @@
   manual tools live in tasks/tools/, which no stage and no other room imports;
 - flows/placement/: protocol.py imports no other piece, git.py only the protocol, and the sending side
   (send.py) and the receiving side (receive.py) never import each other;
-- no test module imports another test module (shared code lives in tests/helpers/ and conftest.py).
+- no test module imports another test module (shared code lives in tests/helpers/ and conftest.py);
+- no import cycle among the modules of tasks/, type-only imports included (a cycle is two modules that are one
+  idea, or a fact kept in the wrong one).
 Every import counts, also one inside a function.
 """
 
@@ -151,3 +153,48 @@ def test_placement_pieces_import_only_what_they_build_on(piece: str, allowed: se
     imported = {name.split(".")[2] for name in imports_of(ROOT / "flows" / "placement" / f"{piece}.py")
                 if name.startswith("flows.placement.")}  # fmt: skip
     assert imported <= allowed, f"flows/placement/{piece}.py imports {sorted(imported - allowed)}"
+
+
+def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+    """The strongly connected groups of more than one module in `package`'s import graph (Tarjan's)."""
+    modules = {".".join(p.relative_to(root).with_suffix("").parts): p for p in sorted((root / package).rglob("*.py"))}
+    graph = {m: sorted(n for n in imports_of(p) if n in modules and n != m) for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = [stack.pop()]
+            while group[-1] != v:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_cycle_in_tasks() -> None:
+    assert import_cycles("tasks") == []
+
+
+def test_the_cycle_rule_finds_a_type_only_cycle(tmp_path: Path) -> None:
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks/a.py").write_text("from tasks.b import f\n")
+    (tmp_path / "tasks/b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tasks.a import g\n"
+    )
+    (tmp_path / "tasks/c.py").write_text("import tasks.a\n")
+    assert import_cycles("tasks", tmp_path) == [["tasks.a", "tasks.b"]]

@@ -13,18 +13,29 @@ machine's run, fails here. Two inputs are not part of the committed record, and 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tasks.core.io import read_json
 from tasks.core.params import load_params
-from tasks.tools.summary import describe_machine, render
+from tasks.tools.summary import render
 from tests.helpers.project import ROOT
 
 pytestmark = pytest.mark.fast
 
 BLOCK = re.compile(r"^```[^\n]*\n(Pipeline finished\n.*?)\n```", re.M | re.S)
+
+
+def describe_machine(environment: Mapping[str, Any]) -> str:
+    """`x86_64, avx512_bf16 without AMX: bf16, channels_last, 2 threads`: the CPU kind and what train resolved."""
+    flags = set(environment.get("cpu", {}).get("flags", []))
+    bf16 = "avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"
+    amx = "with AMX" if "amx_tile" in flags else "without AMX"
+    return (f"{environment.get('arch', '-')}, {bf16} {amx}: {environment.get('precision', '-')}, "
+            f"{environment.get('memory_format', '-')}, {environment.get('threads', '-')} threads")  # fmt: skip
 
 
 def committed_summary(root: Path) -> tuple[str, str]:

@@ -17,14 +17,15 @@ from tasks.images.validation import TEST_SOURCE, VAL_SOURCE, Candidate, Hashed
 def split_of(
     file_sha256: str, seed: int, val_fraction: float, test_fraction: float, *, fixed: frozenset[str] = frozenset()
 ) -> str:
-    """train/val/test from the file's hash and the seed alone, for a file of the train (or only) folder.
+    """train/val/test from the file's hash and params.yaml's `seed` alone, for a file of the train (or only) folder:
+    the one place the split's seed is derived (preprocess and the take-in's merge plan both call this).
 
     A uniform number u in [0, 1) drawn from (seed, hash): u < test_fraction is test, the next
     val_fraction is val, the rest train. A split that a folder fixes (`fixed`: a test folder, a val
     folder) gets none of these files: its range goes to train, so switching `data.test_source` on or
     off never moves an image in or out of val.
     """
-    u = derive_seed(seed, "split", file_sha256) / 2**63
+    u = derive_seed(derive_seed(seed, "preprocess"), "split", file_sha256) / 2**63
     split = "test" if u < test_fraction else "val" if u < test_fraction + val_fraction else "train"
     return "train" if split in fixed else split
 

@@ -3,7 +3,7 @@ and the temperature its logits carry."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -12,11 +12,6 @@ STACK_TRACE = "pkg.torch.onnx.stack_trace"  # per-node source locations the dyna
 # The graph's logits are the trained model's divided by this (tasks/training/temperature.py); "1.0": not scaled.
 # A softmax of the output is then the calibrated probability: the server's, its review threshold's and drift's.
 TEMPERATURE_KEY = "temperature"
-
-
-def temperature_from_metadata(metadata: Mapping[str, str]) -> float:
-    """The temperature a file's logits are already divided by: 1.0 for a file exported before calibration."""
-    return float(metadata.get(TEMPERATURE_KEY, "1.0"))
 
 
 def write_metadata(path: Path, metadata: dict[str, str]) -> None:

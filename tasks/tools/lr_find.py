@@ -25,8 +25,8 @@ from tasks.core.io import write_json
 from tasks.core.params import Params, derive_seed
 from tasks.core.plots import plot_lr_find
 from tasks.training.distributed import World
+from tasks.training.loader import steps_in_epoch
 from tasks.training.lr_range import RULE, Sweep, sweep
-from tasks.training.recipe import steps_in_epoch
 from tasks.training.runtime import cpu_threads, seed_everything
 from tasks.training.start import Start, start_of
 

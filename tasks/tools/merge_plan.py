@@ -20,7 +20,7 @@ from typing import Any
 
 from tasks.core.errors import StageError
 from tasks.core.io import sha256_and_size
-from tasks.core.params import Params, derive_seed
+from tasks.core.params import Params
 from tasks.images.layout import Layout, incoming_folders, read_layout
 from tasks.images.review_folder import is_review_image
 from tasks.images.shards import SPLITS
@@ -118,9 +118,9 @@ def split_rule(params: Params, layout: Layout, dest: Path) -> dict[str, Any]:
 def _split(sha256: str, folder_split: str, rule: dict[str, Any]) -> str:
     if folder_split != "train":  # a val or test folder is its split
         return folder_split
-    # The seed preprocess.run derives (derive_seed(seed, "preprocess")) and its function; the test of this
-    # module runs preprocess on the merged folder and compares every added file's split.
-    return split_of(sha256, derive_seed(rule["seed"], "preprocess"), rule["val_fraction"], rule["test_fraction"],
+    # preprocess's own function; the test of this module runs preprocess on the merged folder and compares
+    # every added file's split.
+    return split_of(sha256, rule["seed"], rule["val_fraction"], rule["test_fraction"],
                     fixed=frozenset(rule["fixed"]))  # fmt: skip
 
 

@@ -25,15 +25,6 @@ def _read(path: Path) -> Any:
         raise StageError(f"{path}: not there yet; run the pipeline first (make run, or dvc repro)") from None
 
 
-def describe_machine(environment: Mapping[str, Any]) -> str:
-    """`x86_64, avx512_bf16 without AMX: bf16, channels_last, 2 threads`: the CPU kind and what train resolved."""
-    flags = set(environment.get("cpu", {}).get("flags", []))
-    bf16 = "avx512_bf16" if "avx512_bf16" in flags else "no avx512_bf16"
-    amx = "with AMX" if "amx_tile" in flags else "without AMX"
-    return (f"{environment.get('arch', '-')}, {bf16} {amx}: {environment.get('precision', '-')}, "
-            f"{environment.get('memory_format', '-')}, {environment.get('threads', '-')} threads")  # fmt: skip
-
-
 def _worst_class_line(metrics: Mapping[str, Any]) -> str:
     """`  worst class   glyph_8: recall 0.5333 (balanced accuracy 0.8033)`; nothing for a record without classes."""
     worst = worst_class(metrics)

@@ -16,7 +16,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from tasks.training.distributed import World
-from tasks.training.recipe import steps_in_epoch
+
+
+def steps_in_epoch(samples: int, global_batch: int) -> int:
+    """Whole global batches per epoch (a short last batch would change the step size), at least one."""
+    return max(1, samples // global_batch)
 
 
 class StepSampler(Sampler[int]):

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.core.params import AUTO, RecipeParams, TrainParams
 from tasks.training.feature_probe import FeatureProbe
 from tasks.training.imbalance import imbalance_ratio
+from tasks.training.loader import steps_in_epoch
 from tasks.training.mirror import MirrorCheck
 
 if TYPE_CHECKING:  # flip_probe imports the loader, which imports this module
@@ -114,11 +115,6 @@ def _shown(value: int | float | bool | str) -> str:
     if isinstance(value, str):
         return value
     return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}"
-
-
-def steps_in_epoch(samples: int, global_batch: int) -> int:
-    """Whole global batches per epoch (a short last batch would change the step size), at least one."""
-    return max(1, samples // global_batch)
 
 
 def _floor_pow2(x: float) -> int:

@@ -18,7 +18,7 @@ from tasks.core.io import read_json
 from tasks.images.shards import ShardSplit
 from tasks.release import run_record
 from tasks.release.inference import OnnxModel
-from tasks.release.onnx_metadata import TEMPERATURE_KEY, temperature_from_metadata
+from tasks.release.onnx_metadata import TEMPERATURE_KEY
 from tasks.training.models import load_model_file, predict_logits
 from tasks.training.serialize import load_torchscript
 from tests.helpers.export import PARAMS, export_model
@@ -57,7 +57,7 @@ def test_export_divides_every_format_by_the_temperature(
     images = ShardSplit.open(export_shards, "test").all_images()
     expected = predict_logits(raw, images, spec) / T
     served = OnnxModel.load(tmp_path / "models" / "model.onnx")
-    assert served.metadata[TEMPERATURE_KEY] == "2.5" and temperature_from_metadata(served.metadata) == T
+    assert served.metadata[TEMPERATURE_KEY] == "2.5" and float(served.metadata[TEMPERATURE_KEY]) == T
     np.testing.assert_allclose(served.logits(images), expected, atol=PARAMS.export.max_abs_diff)
     scripted, ts_meta = load_torchscript(tmp_path / "models" / "exports" / "model.torchscript.pt")
     assert ts_meta[TEMPERATURE_KEY] == "2.5"
