@@ -68,13 +68,12 @@ def check_space(raw: dict[str, Any], space: dict[str, SearchRange]) -> None:
 
 def _check_models(spec: SearchRange) -> None:
     """Each arch choice names a model (torchvision's or timm's): the schema checks only its spelling."""
-    from tasks.core.errors import StageError
-    from tasks.training.models import check_arch  # torch and torchvision: only for a sweep over models
+    from tasks.training.models import ModelError, check_arch  # torch and torchvision: only for a sweep over models
 
     for value in _ends(spec):
         try:
             check_arch(str(value))
-        except StageError as exc:
+        except ModelError as exc:
             raise SpaceError(f"sweep.space.train.arch: {value!r} from its choice is not a model ({exc})") from None
 
 

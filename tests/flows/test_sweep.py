@@ -41,16 +41,16 @@ def _space(raw: dict[str, Any]) -> dict[str, SearchRange]:
 def test_a_space_that_params_yaml_does_not_take_is_refused_in_one_line() -> None:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     check_space(raw, load_params(ROOT / "params.yaml").sweep.space)  # the shipped space passes
-    cases = {
-        "train.learning_rate": ({"low": 0.01, "high": 0.1}, "params.yaml has no key train.learning_rate"),
-        "train.optimizer": ({"low": 0, "high": 1}, "train.optimizer=0 from its integer range is not a value"),
-        "train.augment.crop_padding": ({"low": 0.5, "high": 4.5}, "crop_padding=0.5 from its range is not a value"),
-        "train.arch": ({"choices": ["resnet18", "VGG-16"]}, "train.arch='VGG-16' from its choice is not a value"),
-        "train.arch ": ({"choices": ["resnet18", "vgg"]}, "'vgg' from its choice is not a model .*nearest: vgg"),
-    }
-    for key, (spec, words) in cases.items():
+    cases = [
+        ("train.learning_rate", {"low": 0.01, "high": 0.1}, "params.yaml has no key train.learning_rate"),
+        ("train.optimizer", {"low": 0, "high": 1}, "train.optimizer=0 from its integer range is not a value"),
+        ("train.augment.crop_padding", {"low": 0.5, "high": 4.5}, "crop_padding=0.5 from its range is not a value"),
+        ("train.arch", {"choices": ["resnet18", "VGG-16"]}, "train.arch='VGG-16' from its choice is not a value"),
+        ("train.arch", {"choices": ["resnet18", "vgg"]}, "'vgg' from its choice is not a model .*nearest: vgg"),
+    ]
+    for key, spec, words in cases:
         with pytest.raises(SpaceError, match=words.replace("(", r"\(")) as caught:
-            check_space(raw, _space({key.strip(): spec}))
+            check_space(raw, _space({key: spec}))
         assert "\n" not in str(caught.value)
     for bad in ({"low": 0.1, "high": 0.01}, {"low": 0.0, "high": 1.0, "log": True}, {"low": 1}):
         with pytest.raises(ValueError):
