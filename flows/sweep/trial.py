@@ -8,10 +8,11 @@ never share a workspace, a dvc.lock or DVC's experiment refs (DVC's own queue wi
 experiments). A finished trial's experiment ref is fetched into this repository, so `dvc exp show` lists it
 and `dvc exp apply <name>` applies it (its outputs are in the shared cache).
 
-While it runs, each epoch's validation accuracy (the train stage's `epoch N: ... val loss L acc A` line) is
-handed to `report`; when that says prune, the trial's process group is stopped and its folder removed: a
-pruned trial leaves no model.pt, no lock entry, no verdict and no experiment. A trial whose process dies
-(kill -9 included) is a failed trial; the copy goes all the same, and the workspace is never touched.
+While it runs, each epoch's validation accuracy (the train stage's epoch record,
+tasks/training/epoch_record.py) is handed to `report`; when that says prune, the trial's process group is
+stopped and its folder removed: a pruned trial leaves no model.pt, no lock entry, no verdict and no experiment.
+A trial whose process dies (kill -9 included) is a failed trial; the copy goes all the same, and the workspace
+is never touched.
 With the project's MLflow store a SQLite file, the trial's gate logs into a store of its own in the trial's
 folder, which the sweep copies into the project's when the trial ends (flows/sweep/store.py).
 """
@@ -43,8 +44,8 @@ from flows.sweep.store import Store
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, load_params
 from tasks.release import run_record, tracking
+from tasks.training.epoch_record import read_epoch_line
 
-EPOCH_LINE = re.compile(r"\[train\] epoch (\d+): .*\| val loss \S+ acc ([0-9.]+)")
 PROGRESS = re.compile(r"\d+%\|")  # a tqdm redraw
 _FETCH = threading.Lock()  # one `git fetch` into this repository at a time
 _LIVE: set[ProcessGroup] = set()  # the trials running now (stop_all stops them)
@@ -210,13 +211,13 @@ def run_trial(
                     os.sched_setaffinity(group.pid, cores)
                 for line in group.lines():
                     tail = [*tail[-29:], line]
-                    if not PROGRESS.search(line) or "100%|" in line:  # a progress bar: its last redraw only
+                    record = read_epoch_line(line)  # the human line beside it is what the log shows
+                    if record is None and (not PROGRESS.search(line) or "100%|" in line):  # a bar: its last redraw
                         log(f"[{result.name}] {line}")
-                    match = EPOCH_LINE.search(line)
-                    if match:
-                        accuracy = float(match.group(2))
+                    if record is not None:
+                        accuracy = float(record["val_accuracy"])
                         result.epochs.append(accuracy)
-                        if report is not None and report(int(match.group(1)), accuracy):
+                        if report is not None and report(int(record["epoch"]), accuracy):
                             pruned = True
                             group.stop()
                             break

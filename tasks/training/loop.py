@@ -31,6 +31,7 @@ from tasks.training.distributed import (
     broadcast_buffers,
 )
 from tasks.training.dynamics import Dynamics
+from tasks.training.epoch_record import epoch_line
 from tasks.training.loader import StepSampler
 from tasks.training.models import predict_logits, split_logits
 from tasks.training.optim import set_train_mode
@@ -189,6 +190,7 @@ class EpochLoop:
         log.info("epoch %d: train loss %.4f acc %.4f | val loss %.4f acc %.4f | lr %.5f",
                  epoch + 1, row["train_loss"], row["train_accuracy"], row["val_loss"], row["val_accuracy"],
                  row["lr"])  # fmt: skip
+        log.info("%s", epoch_line(row))  # the same row for a watcher of the run (a sweep's pruner)
         return improved
 
 

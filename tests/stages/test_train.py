@@ -16,6 +16,7 @@ from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.tools import sanity
 from tasks.training.checkpoint import CheckpointError
+from tasks.training.epoch_record import read_epoch_line
 from tasks.training.models import build_model, load_model_file
 from tasks.training.precision import cpu_has_native_bf16
 from tasks.training.step import NonFiniteError
@@ -68,6 +69,17 @@ def test_history_and_run_record(model: Path) -> None:
     run_dir = model.parent / "runs" / "checkpoints" / meta["run"]
     assert sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "identity.json", "last.pt"]
     assert (model.parent / "runs" / "train" / meta["run"] / "profile.json").is_file()  # wall-clock, unversioned
+
+
+def test_each_epoch_is_one_record_a_watcher_reads(
+    shards: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep's pruner reads train's epoch records from its output (flows/sweep/trial.py): each is the history
+    row of its epoch, in order, whatever the human line beside it says."""
+    with caplog.at_level("INFO", logger="tasks.training.loop"):
+        result = train_once(shards, tmp_path)
+    records = [r for r in (read_epoch_line(f"[train] {m}") for m in caplog.messages) if r is not None]
+    assert records == read_json(result.model_path.parent / "history.json") and len(records) == 2
 
 
 def test_rerun_after_completion_resumes_and_writes_the_same_files(shards: Path, tmp_path: Path) -> None:
