@@ -202,7 +202,7 @@ def _main(p: Params) -> int:
         gate_path=p.paths.gate,
         scores_path=p.paths.runs / "check_regression" / "scores.json",
         baseline_scores_path=p.paths.runs / "check_regression" / "baseline_scores.json",
-        environment_record=p.paths.environment / "check_regression.json",
+        environment_record=p.paths.environment_record("check_regression"),
     )
     tracking.mirror(p)  # one MLflow run per record, pass or fail; a broken store costs a warning, never the gate
     if verdict.passed:  # rules not judged pass, but not in silence

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from tasks.core.cli import stage_main
@@ -38,7 +37,7 @@ from tasks.core.environment import (
     usable_cores,
 )
 from tasks.core.io import write_json
-from tasks.core.params import Params, TrainParams
+from tasks.core.params import Params, Paths, TrainParams
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +106,14 @@ def resolve(params: Params) -> dict[str, dict[str, Any]]:
             for name, env in stages.items()}  # fmt: skip
 
 
-def run(params: Params, out_dir: Path) -> dict[str, dict[str, Any]]:
+def run(params: Params, paths: Paths) -> dict[str, dict[str, Any]]:
+    """Write each stage's record where `paths` puts it (`Paths.environment_record`); return the records."""
     resolved = resolve(params)
     versions = {name: v for record in resolved.values() for name, v in record["libraries"].items()}
     for name, why in off_pin(versions, pinned()).items():
         log.warning("%s %s: this venv is not the tested one; the stages that use it record the difference", name, why)
     for name, record in resolved.items():
-        write_json(out_dir / f"{name}.json", record)
+        write_json(paths.environment_record(name), record)
     t = resolved["train"]
     log.info("train: %s, %s, %s thread(s); torch %s", t["device"], t.get("precision", "-"), t.get("threads", "-"),
              t["libraries"]["torch"])  # fmt: skip
@@ -121,7 +121,7 @@ def run(params: Params, out_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def _main(p: Params) -> None:
-    run(p, p.paths.environment)
+    run(p, p.paths)
 
 
 def main() -> None:

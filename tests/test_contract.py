@@ -12,7 +12,7 @@ import yaml
 
 from flows.dag import layers, load_stages, upstream
 from tasks.core.params import Params, load_params
-from tasks.core.provenance import covered, digest
+from tasks.core.provenance import covered, digest, environment_record
 from tests.helpers.project import ROOT
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast
@@ -163,3 +163,17 @@ def test_the_committed_gate_record_is_the_locked_one_enforced_and_accepted() -> 
     assert hashlib.md5(path.read_bytes()).hexdigest() == locked, "reports/gate.json is not the one dvc.lock records"
     assert gate["enforced"] is True, f"reports/gate.json was recorded by `dvc exp run` (not enforced): {gate}"
     assert gate["verdict"] in ACCEPTED, f"the committed verdict is {gate['verdict']!r}: {gate.get('summary')}"
+
+
+def test_each_stage_reads_the_environment_record_the_environment_stage_writes_for_it() -> None:
+    """One path per stage's record (Paths.environment_record): the environment stage writes it, the stage depends
+    on it, and provenance, the run records and the summary read it there."""
+    paths = Params().paths
+    written = set(STAGES["environment"].outs)
+    for name, stage in STAGES.items():
+        if name == "environment":
+            continue
+        record = str(paths.environment_record(name))
+        assert record in written and record in stage.deps, name
+        assert environment_record(name, ROOT) == ROOT / record
+    assert written == {str(paths.environment_record(n)) for n in STAGES if n != "environment"}

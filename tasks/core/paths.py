@@ -114,6 +114,10 @@ class Paths(BaseModel):
     def environment(self) -> Path:
         return self.reports / "environment"  # environment: one <stage>.json per stage, each a dep of its stage
 
+    def environment_record(self, stage: str) -> Path:
+        """The environment stage's record of the machine and libraries `stage` runs with (a dep of `stage`)."""
+        return self.environment / f"{stage}.json"
+
     @property
     def gate(self) -> Path:
         return self.reports / "gate.json"  # the verdict's status as a dvc metric

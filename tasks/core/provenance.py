@@ -26,6 +26,8 @@ from typing import Any
 
 import yaml
 
+from tasks.core.paths import Paths
+
 PACKAGE = "tasks"
 LEDGER = "ledger.jsonl"
 
@@ -216,7 +218,7 @@ def digest(path: Path) -> str | None:
 
 
 def environment_record(stage: str, root: Path) -> Path:
-    return root / _path_param(root, "reports") / "environment" / f"{stage}.json"
+    return root / Paths(reports=Path(_path_param(root, "reports"))).environment_record(stage)
 
 
 def ledger_path(root: Path) -> Path:

@@ -42,7 +42,7 @@ def render(params: Params, *, metrics: Mapping[str, Any], export: Mapping[str, A
     paths = params.paths
     gate = verdict.get("summary") or ("PASS" if verdict["passed"] else "REGRESSION")
     recipe = train_run.get("recipe", {}).get("summary", "-")
-    env_path = paths.environment / "train.json"
+    env_path = paths.environment_record("train")
     env = environment
     environment_line = (f"train {env.get('precision', '-')} on {env.get('device', '-')}, {env.get('threads', '-')} "
                         f"thread(s), torch {env.get('libraries', {}).get('torch', '-')} ({env_path})")  # fmt: skip
@@ -80,7 +80,7 @@ def render(params: Params, *, metrics: Mapping[str, Any], export: Mapping[str, A
 
 def _main(params: Params) -> None:
     paths = params.paths
-    env_path = paths.environment / "train.json"
+    env_path = paths.environment_record("train")
     timings_path = paths.export_timings
     text = render(
         params,

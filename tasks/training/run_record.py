@@ -59,7 +59,7 @@ class Outputs:
             history.with_name(names.train_dynamics.name), history.with_name(names.train_batch_png.name),
             history.with_name(names.val_batch_png.name), runs, checkpoints or runs / "checkpoints",
             pretrained or names.pretrained, parent or names.parent,
-            history.parent / names.environment.name / "train.json",
+            Paths(reports=history.parent).environment_record("train"),
         )  # fmt: skip
 
 
