@@ -26,12 +26,12 @@ from flows.artifacts import (
     publish_why,
     stage_reports,
 )
-from flows.dag import Stage, load_stages
 from flows.explain import comparison_markdown, previous_completed_run, why_markdown
 from flows.manifest import build_manifest
 from flows.placement import StageCrashed, check_dvc_remote, check_git_remote, check_placement, placed_stage
 from flows.shell import refuse_overriding_env, stage_env, stream
 from flows.stage import StageFailed, dvc_command, run_stage
+from tasks.core.dag import Stage, load_stages
 from tasks.core.io import read_json, write_json
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.private_api import dvc_remotes

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from flows.dag import layers, load_stages, upstream
+from tasks.core.dag import layers, load_stages, upstream
 from tasks.core.params import Params, load_params
 from tasks.core.provenance import covered, digest, environment_record
 from tests.helpers.project import ROOT

@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from flows.dag import Stage
 from flows.placement.protocol import ENVIRONMENT, SENT, PlacementError, check_commit
+from tasks.core.dag import Stage
 from tasks.core.git import changed_files
 from tasks.core.params import PARAMS_FILE, load_params
 

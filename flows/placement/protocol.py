@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from flows.dag import Stage
 from flows.shell import stream
 from flows.stage import StageFailed, dvc_command
+from tasks.core.dag import Stage
 from tasks.core.params import PARAMS_FILE, Params, load_params
 from tasks.core.private_api import dvc_remotes
 

@@ -18,7 +18,6 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 
 from flows.artifacts import stage_reports
-from flows.dag import Stage, load_stages
 from flows.placement.git import changed_by_hand, check_git_remote, git, has_config, inputs_to_send, on_remote_branch
 from flows.placement.protocol import (
     ENVIRONMENT,
@@ -34,6 +33,7 @@ from flows.placement.protocol import (
 )  # fmt: skip
 from flows.shell import refuse_overriding_env
 from flows.stage import run_stage
+from tasks.core.dag import Stage, load_stages
 from tasks.core.io import atomic_file
 from tasks.core.params import PARAMS_FILE, load_params
 

@@ -34,7 +34,6 @@ from prefect import get_run_logger, task
 from prefect.deployments import run_deployment
 from prefect.exceptions import ObjectNotFound
 
-from flows.dag import Stage, load_stages
 from flows.explain import why_stage_runs
 from flows.placement.git import (
     changed_by_hand,
@@ -60,6 +59,7 @@ from flows.placement.protocol import (
     read_result,
 )  # fmt: skip
 from flows.stage import StageFailed
+from tasks.core.dag import Stage, load_stages
 from tasks.core.io import atomic_file
 from tasks.core.private_api import dvc_locked, dvc_remotes, edit_yaml
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 
 from tasks.core import provenance
+from tasks.core.dag import DagError, load_stages
 from tasks.core.errors import StageError
 from tasks.core.params import PARAMS_FILE, Params, ParamsError, load_params
 
@@ -26,8 +27,8 @@ from tasks.core.params import PARAMS_FILE, Params, ParamsError, load_params
 def _declared_stage(name: str) -> bool:
     """Is `name` a stage of the dvc.yaml beside this code (not a tool such as sanity or promote)?"""
     try:
-        return name in provenance.stages(provenance.project_root())
-    except provenance.ProvenanceError:
+        return name in load_stages(provenance.project_root())
+    except DagError:
         return False
 
 

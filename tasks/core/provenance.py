@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -26,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from tasks.core.dag import DagError, load_stages
 from tasks.core.paths import Paths
 
 PACKAGE = "tasks"
@@ -52,13 +52,6 @@ def _load(path: Path) -> Any:
     return _parsed(path.resolve(), (stat.st_mtime_ns, stat.st_size))
 
 
-def stages(root: Path) -> dict[str, Any]:
-    try:
-        return _load(root / "dvc.yaml")["stages"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
-        raise ProvenanceError(f"{root / 'dvc.yaml'}: cannot read its stages ({type(exc).__name__}: {exc})") from None
-
-
 def _params(root: Path) -> dict[str, Any]:
     try:
         return _load(root / "params.yaml") or {}
@@ -66,57 +59,16 @@ def _params(root: Path) -> dict[str, Any]:
         raise ProvenanceError(f"{root / 'params.yaml'}: cannot read it ({type(exc).__name__}: {exc})") from None
 
 
-def _resolution_inputs(root: Path) -> list[bytes]:
-    """The bytes DVC resolves dvc.yaml from: itself, params.yaml, each file of its `vars:` (`file` or
-    `file:keys`), and DVC's version."""
-    from importlib.metadata import version
-
-    names = ["dvc.yaml", "params.yaml"]
-    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
-        names += [str(v).split(":")[0] for v in (_load(root / "dvc.yaml").get("vars") or []) if isinstance(v, str)]
-    texts = [(root / name).read_bytes() if (root / name).is_file() else b"" for name in names]
-    return [*texts, version("dvc").encode()]
-
-
-def _resolved(root: Path) -> dict[str, dict[str, list[str]]]:
-    """Every stage's deps and outputs (outs, metrics and plots) as DVC itself resolves dvc.yaml (`${}`, `vars:`,
-    `foreach`), from DVC's Repo API. DVC takes about a second to load, and each stage asks before and after its
-    work, so the answer is kept in .dvc/tmp under the sha256 of what DVC resolves it from: dvc.yaml, params.yaml,
-    the files its `vars:` name, and DVC's version."""
-    key = hashlib.sha256(b"\0".join(_resolution_inputs(root))).hexdigest()[:16]
-    kept = root / ".dvc" / "tmp" / f"imagepipe-stages-{key}.json"
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads(kept.read_text())
-    try:
-        from dvc.dependency.param import ParamsDependency
-        from dvc.repo import Repo
-
-        with Repo(str(root)) as repo:
-            found = {
-                stage.name: {
-                    "deps": [dep.def_path.rstrip("/") for dep in stage.deps if not isinstance(dep, ParamsDependency)],
-                    "outs": [out.def_path.rstrip("/") for out in stage.outs],
-                }
-                for stage in repo.index.stages
-                if Path(stage.path) == (root / "dvc.yaml").resolve() or Path(stage.path) == root / "dvc.yaml"
-            }
-    except Exception as exc:  # DVC's own errors (a bad ${} key, no DVC repository) have no common base
-        raise ProvenanceError(f"{root / 'dvc.yaml'}: DVC cannot resolve it ({type(exc).__name__}: {exc})") from None
-    with contextlib.suppress(OSError):
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        tmp = kept.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(found, sort_keys=True))
-        os.replace(tmp, kept)
-    return found
-
-
 def declared(stage: str, root: Path) -> tuple[list[str], list[str]]:
-    """A stage's deps and its outputs (outs, metrics and plots), as DVC resolves dvc.yaml."""
+    """A stage's deps (files and folders, not its params) and its outputs (outs, metrics and plots), as DVC
+    resolves dvc.yaml (tasks/core/dag.py)."""
     try:
-        spec = _resolved(root)[stage]
+        spec = load_stages(root)[stage]
+    except DagError as exc:
+        raise ProvenanceError(str(exc)) from None
     except KeyError:
         raise ProvenanceError(f"{root / 'dvc.yaml'}: no stage {stage}") from None
-    return spec["deps"], spec["outs"]
+    return list(spec.path_deps), list(spec.outs)
 
 
 def _path_param(root: Path, key: str) -> str:
@@ -283,6 +235,6 @@ def recomputed(root: Path, lock: dict[str, Any]) -> dict[str, bool]:
 def not_recomputed(root: Path) -> tuple[list[str], list[str]]:
     """The stages whose outputs here no run in this workspace wrote (pulled, from the run cache, checked out),
     and those that always run (the environment check, the gate), which vouch for no upstream output."""
-    always = [name for name, spec in stages(root).items() if spec.get("always_changed")]
+    always = [name for name, spec in load_stages(root).items() if spec.always_changed]
     made_here = recomputed(root, _load(root / "dvc.lock")["stages"])
     return [name for name, ok in made_here.items() if not ok and name not in always], always

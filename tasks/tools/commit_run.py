@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tasks.core.dag import DagError, load_stages
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.core.params import PARAMS_FILE, ParamsError, load_params
@@ -35,15 +34,17 @@ STAGED_BY_MAKE = ("dvc.yaml", "dvc.lock", "params.yaml", "reports", "data", "mod
 
 
 def unstaged_deps(root: Path = Path()) -> list[str]:
-    """The files dvc.yaml's stages depend on (their literal deps: code, pretrained weights' .dvc files) that
-    `git commit` would not take as they are: changed since the index, deleted, or untracked. What make commit-run
-    adds itself (STAGED_BY_MAKE) is not asked about; a file already staged is what the commit holds."""
+    """The files dvc.yaml's stages depend on (code, pretrained weights' .dvc files; `${}` deps as DVC resolves
+    them, tasks/core/dag.py) that `git commit` would not take as they are: changed since the index, deleted, or
+    untracked. Another stage's outputs (DVC's cache holds them) and what make commit-run adds itself
+    (STAGED_BY_MAKE) are not asked about; a file already staged is what the commit holds."""
     try:
-        stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
-        raise StageError(f"{root / 'dvc.yaml'}: cannot read its stages ({type(exc).__name__}: {exc})") from None
-    literal = {dep for stage in stages.values() for dep in stage.get("deps") or [] if isinstance(dep, str)}
-    deps = sorted(dep for dep in literal if "${" not in dep and dep.split("/")[0] not in STAGED_BY_MAKE)
+        stages = load_stages(root).values()
+    except DagError as exc:
+        raise StageError(str(exc)) from None
+    made = {out for stage in stages for out in stage.outs}
+    deps = sorted({dep for stage in stages for dep in stage.path_deps} - made)
+    deps = [dep for dep in deps if Path(dep).parts[0] not in STAGED_BY_MAKE]
     if not deps:
         return []
     proc = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *deps],

@@ -1,4 +1,4 @@
-"""flows/dag.py reads the DAG the way `dvc repro` runs it: through DVC's own index, so templating,
+"""tasks/core/dag.py reads the DAG the way `dvc repro` runs it: through DVC's own index, so templating,
 `vars` and `foreach` resolve, and it works from any working directory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.dag import layers, load_stages
+from tasks.core.dag import layers, load_stages
 from tests.helpers.project import dvc, sh
 
 pytestmark = pytest.mark.fast  # unit-level: make test-fast

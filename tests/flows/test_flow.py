@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from flows.artifacts import KEYS, flatten, stage_reports
-from flows.dag import load_stages
+from tasks.core.dag import load_stages
 from tasks.core.io import read_json, sha256_file, write_json
 from tasks.core.params import ExportParams
 from tasks.core.paths import Paths

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from flows.artifacts import KEYS
-from flows.dag import load_stages
+from tasks.core.dag import load_stages
 from tasks.core.io import read_json, sha256_file, write_json
 from tests.helpers.prefect import (
     RULES,

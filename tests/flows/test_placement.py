@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.dag import load_stages
 from flows.placement.git import changed_files, check_git_remote, dvc_files_in_deps, written_by_runs
 from flows.placement.protocol import PlacementError, check_dvc_remote, check_placement
 from flows.placement.send import _check_inputs, _commit_on_remote, placed_stage
+from tasks.core.dag import load_stages
 from tests.helpers.project import ROOT, commit, dvc, make_project, sh
 
 

@@ -113,31 +113,38 @@ def test_the_baseline_hash_covers_its_test_set_but_a_lone_test_set_is_no_baselin
 
 def test_commit_run_refuses_code_the_commit_would_not_hold(tmp_path: Path) -> None:
     """A stage's code changed, run (dvc.lock names its new md5) but not staged: `git commit` would keep the old
-    bytes beside a record of the new ones. Refused, naming the file; staged, it is what the commit holds."""
+    bytes beside a record of the new ones. Refused, naming the file, a `${}` dep as DVC resolves it included;
+    staged, it is what the commit holds. Another stage's output is DVC's to keep, not git's."""
     from tasks.tools.commit_run import unstaged_deps, unstaged_refusal
 
     def git(*args: str) -> None:
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 
     (tmp_path / "tasks").mkdir()
-    for name in ("evaluate.py", "train.py"):
-        (tmp_path / "tasks" / name).write_text("# a stage\n")
+    (tmp_path / "weights").mkdir()
+    for name in ("tasks/evaluate.py", "tasks/train.py", "weights/notes.txt", "params.yaml"):
+        (tmp_path / name).write_text("paths:\n  weights: weights/notes.txt\n" if name == "params.yaml" else "# x\n")
     dag = {"stages": {"evaluate": {"cmd": "python -m tasks.evaluate",
-                                   "deps": ["tasks/evaluate.py", "tasks/new.py", "${paths.model}", "reports/x.json"]},
-                      "train": {"cmd": "python -m tasks.train", "deps": ["tasks/train.py"]}}}  # fmt: skip
+                                   "deps": ["tasks/evaluate.py", "tasks/new.py", "${paths.weights}", "out/x.json"]},
+                      "train": {"cmd": "python -m tasks.train", "deps": ["tasks/train.py"],
+                                "outs": ["out/x.json"]}}}  # fmt: skip
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dag))
     git("init", "-q")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=tmp_path, check=True)
     git("-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
     git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "start")
     assert unstaged_deps(tmp_path) == []
     (tmp_path / "tasks" / "evaluate.py").write_text("# a stage, changed\n")
     (tmp_path / "tasks" / "new.py").write_text("# imported by evaluate now\n")  # untracked
+    (tmp_path / "weights" / "notes.txt").write_text("# changed\n")  # a `${}` dep
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "x.json").write_text("{}")  # train's output: DVC's cache holds it
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump(dag) + "# make commit-run adds it itself\n")
-    assert unstaged_deps(tmp_path) == ["tasks/evaluate.py", "tasks/new.py"]
+    assert unstaged_deps(tmp_path) == ["tasks/evaluate.py", "tasks/new.py", "weights/notes.txt"]
     refusal = unstaged_refusal(unstaged_deps(tmp_path))
-    assert refusal is not None and refusal.startswith("tasks/evaluate.py tasks/new.py: changed and not staged")
-    assert "`git add tasks/evaluate.py tasks/new.py` and make commit-run again" in refusal
-    git("add", "tasks/evaluate.py", "tasks/new.py")
+    assert refusal is not None and refusal.startswith("tasks/evaluate.py tasks/new.py weights/notes.txt: changed")
+    assert "`git add tasks/evaluate.py tasks/new.py weights/notes.txt` and make commit-run again" in refusal
+    git("add", "tasks/evaluate.py", "tasks/new.py", "weights/notes.txt")
     assert unstaged_deps(tmp_path) == [] and unstaged_refusal([]) is None
     (tmp_path / "tasks" / "train.py").unlink()  # deleted and not staged: the commit would keep it
     assert unstaged_deps(tmp_path) == ["tasks/train.py"]
