@@ -37,6 +37,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the project's packages
 
 from tasks.core import provenance  # noqa: E402
+from tasks.core.dag import load_stages  # noqa: E402
 from tasks.core.nested import flatten  # noqa: E402
 from tasks.core.private_api import dvc_stale_stages  # noqa: E402
 
@@ -253,7 +254,7 @@ def judged_here(rev: str, lines: list[str], status: int, root: Path = Path("."))
     missing, always = provenance.not_recomputed(root)
     if not missing:
         return lines, status
-    substantive = [name for name in provenance.stages(root) if name not in always]
+    substantive = [name for name in load_stages(root) if name not in always]
     if len(missing) == len(substantive):
         return [f"nothing reproduced: {len(missing)} stages' outputs came from the remote or the cache "
                 f"({', '.join(missing)}), none was computed here; run `make reproduce` (REV={rev}) to recompute "
