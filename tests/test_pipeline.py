@@ -83,8 +83,9 @@ def set_tracking(repo: Path, enabled: bool) -> None:
 
 def test_every_run_that_reaches_the_gate_is_one_mlflow_run(repo: Path) -> None:
     """With tracking on (params.yaml as shipped), `dvc repro` logs one run; a no-op repro adds none;
-    `dvc exp run -S train.lr=0.05` (in DVC's temporary copy) adds one, carrying 0.05, the commit it ran from
-    and the data it read. With tracking off (the other tests' projects) a run logs nothing."""
+    `dvc exp run -S regression.alpha=0.04` (in DVC's temporary copy; a gate's param, so only the gate reruns there)
+    adds one, carrying 0.04, the commit it ran from and the data it read. With tracking off (the other tests'
+    projects) a run logs nothing."""
     committed_record(repo)
     assert not (repo / "mlflow.db").exists()  # tracking.enabled false: the fixture's run logged nothing
     set_tracking(repo, enabled=True)
@@ -96,16 +97,17 @@ def test_every_run_that_reaches_the_gate_is_one_mlflow_run(repo: Path) -> None:
         assert before[0].data.params["train.lr"] == "0.01" and before[0].data.tags["source"] == "dvc repro"
         dvc("repro", cwd=repo)
         assert [r.info.run_id for r in mlflow_runs(repo)] == [r.info.run_id for r in before]
-        experiment = dvc("exp", "run", "--temp", "-S", "train.lr=0.05", cwd=repo)
+        experiment = dvc("exp", "run", "--temp", "-S", "regression.alpha=0.04", cwd=repo)
         after = mlflow_runs(repo)
         assert len(after) == len(before) + 1, experiment.stdout + experiment.stderr
         run = after[0]
         manifest = hashlib.sha256((repo / "data/shards/manifest.json").read_bytes()).hexdigest()
         head = sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
-        assert run.data.params["train.lr"] == "0.05" and run.data.tags["source"] == "dvc exp run"
+        assert run.data.params["regression.alpha"] == "0.04" and run.data.tags["source"] == "dvc exp run"
         assert run.data.tags["dvc.experiment"] and run.data.tags["git.commit"] == head
         assert run.data.tags["data.manifest_sha256"] == manifest and "test_accuracy" in run.data.metrics
-        assert json.loads((repo / "reports/metrics.json").read_text()) == metrics  # --temp: the workspace untouched
+        assert yaml.safe_load((repo / "params.yaml").read_text())["regression"]["alpha"] == 0.05  # --temp: untouched
+        assert json.loads((repo / "reports/metrics.json").read_text()) == metrics
     finally:
         set_tracking(repo, enabled=False)
         committed_record(repo)
@@ -304,14 +306,15 @@ def head(repo: Path) -> str:
 
 
 def test_commit_run_refuses_a_partial_run(repo: Path) -> None:
-    """train.lr changed and only `dvc repro export` run: the verdict is the old model's, so the run is not
-    committed, and git is left as it was."""
+    """An export param changed and only `dvc repro export` run: the verdict is the old export's, so the run is not
+    committed, and git is left as it was. (An export param, not train's: a train with `cache: false` outputs is
+    never restored from DVC's run cache, so changing it back would train again.)"""
     committed_record(repo)
     params = (repo / "params.yaml").read_text()
     before = head(repo)
     try:
         changed = yaml.safe_load(params)
-        changed["train"]["lr"] = 0.05  # the MLflow test's experiment: train, evaluate and export from the run cache
+        changed["export"]["timing"]["repeats"] += 1
         (repo / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
         dvc("repro", "export", cwd=repo)
         assert json.loads((repo / "reports/gate.json").read_text())["verdict"] == "no baseline"  # stale, still there
