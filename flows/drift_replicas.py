@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from flows.drift import DriftUnavailable, read_drift
-from tasks.release.drift import DRIFT, NO_REFERENCE, NOT_ENOUGH, OK, psi_terms
+from tasks.release.drift import NO_REFERENCE, psi_terms
+from tasks.release.drift_thresholds import DriftThresholds
 
 PARTS = {"class_mix_psi": "classes", "top1_psi": "top1", "margin_psi": "margin"}
 
@@ -76,14 +77,8 @@ def merge(read: list[tuple[str, dict[str, Any]]], unreadable: list[dict[str, str
     for statistic, part in PARTS.items():
         observed = [sum(column) for column in zip(*(_counts(r, part)[0] for _, r in usable), strict=True)]
         merged[statistic] = (observed, _counts(first, part)[1])
-    statistics = {}
-    for statistic, (observed, expected) in merged.items():
-        a, b = first["statistics"][statistic]["curve"]
-        value, threshold = sum(psi_terms(observed, expected)), a + b / max(n, minimum)
-        statistics[statistic] = {"value": round(value, 4), "threshold": round(threshold, 4),
-                                 "exceeded": n >= minimum and value > threshold,
-                                 "source": first["statistics"][statistic].get("source"), "curve": [a, b]}  # fmt: skip
-    verdict = NOT_ENOUGH if n < minimum else DRIFT if any(s["exceeded"] for s in statistics.values()) else OK
+    values = {statistic: sum(psi_terms(observed, expected)) for statistic, (observed, expected) in merged.items()}
+    verdict, statistics = DriftThresholds.of_report(first).judge(values, n)  # as the server judges one window
     observed, expected = merged["class_mix_psi"]
     total = sum(expected)
     terms = psi_terms(observed, expected)

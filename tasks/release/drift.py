@@ -27,13 +27,12 @@ from typing import Any
 
 from tasks.release.calibration import SHARE_FLOOR, STATISTICS, Psi, shares
 from tasks.release.drift_reference import Reference
-from tasks.release.drift_thresholds import DriftThresholds
+from tasks.release.drift_thresholds import DRIFT, NO_REFERENCE, NOT_ENOUGH, OK, DriftThresholds
 from tasks.release.window_memory import Layout, LocalMemory, WindowMemory
 
 log = logging.getLogger(__name__)
 
 MAX_WINDOW = round(1 / SHARE_FLOOR)  # up to here an observed bin with a count is never under the floor (O(1) PSI)
-OK, DRIFT, NOT_ENOUGH, NO_REFERENCE = "ok", "drift", "not enough data", "no reference"
 VERDICTS = (OK, DRIFT, NOT_ENOUGH, NO_REFERENCE)
 
 
@@ -199,9 +198,7 @@ class DriftWindow:
         """The verdict now, as /drift gives it."""
         if self.reference is None:
             return NO_REFERENCE
-        if self.filled < self.thresholds.min_predictions:
-            return NOT_ENOUGH
-        return DRIFT if self._state[ALERT] else OK
+        return self.thresholds.verdict(self.filled, bool(self._state[ALERT]))
 
     @property
     def filled(self) -> int:
@@ -248,13 +245,7 @@ class DriftWindow:
                       "count": c, "expected_count": r}
                      for name, o, e, t, c, r in zip(self.classes, observed, expected, terms, classes, ref.class_counts,
                                                     strict=True)]  # fmt: skip
-        at = max(n, th.min_predictions)
-        verdict = NOT_ENOUGH if n < th.min_predictions else DRIFT if alert else OK
-        over = th.exceeded(values, at) if verdict != NOT_ENOUGH else []
-        statistics = {s: {"value": round(values[s], 4), "threshold": round(th.of(s, at), 4), "exceeded": s in over,
-                          "recover": round(th.limits[s].recover_at(at), 4), "source": th.limits[s].source,
-                          "curve": [th.limits[s].a, th.limits[s].b]}
-                      for s in STATISTICS}  # fmt: skip
+        verdict, statistics = th.judge(values, n, alert)
         moved = sorted(per_class, key=lambda row: -abs(row["observed"] - row["expected"]))[:3]
         return {
             "verdict": verdict,

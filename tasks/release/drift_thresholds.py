@@ -14,6 +14,7 @@ from typing import Any
 from tasks.release.calibration import STATISTICS, curve
 from tasks.release.drift_reference import Reference
 
+OK, DRIFT, NOT_ENOUGH, NO_REFERENCE = "ok", "drift", "not enough data", "no reference"
 RECOVER = 0.8  # after drift, "back" means every statistic under 0.8 x a fixed threshold (verdict and warning alike)
 LEGACY_THRESHOLD = 0.25  # a reference without calibration (exported before it) and no threshold in params.yaml
 
@@ -104,3 +105,32 @@ class DriftThresholds:
     def recovered(self, values: Mapping[str, float], n: int) -> bool:
         """Every statistic back under the level that ends a drift verdict."""
         return all(values[s] <= self.limits[s].recover_at(n) for s in STATISTICS)
+
+    @classmethod
+    def of_report(cls, report: Mapping[str, Any]) -> DriftThresholds:
+        """The thresholds a /drift report was judged by: its window's minimum and each statistic's curves and
+        source (a merge of replicas judges their summed window by the same ones)."""
+        window = report["window"]
+        limits = {s: Threshold(*stat["curve"], stat.get("source") or "", tuple(stat.get("recover_curve") or (0, 0)))
+                  for s, stat in report["statistics"].items()}  # fmt: skip
+        return cls(window["size"], window["min_predictions"], limits)
+
+    def verdict(self, n: int, drifting: bool) -> str:
+        """A window of n predictions that is (or is not) in its drift state."""
+        return NOT_ENOUGH if n < self.min_predictions else DRIFT if drifting else OK
+
+    def judge(self, values: Mapping[str, float], n: int, alert: bool | None = None) -> tuple[str, dict[str, Any]]:
+        """The verdict of a window of n predictions with these statistic values, and each statistic's entry of
+        its /drift report. `alert`: the window's drift state, which ends only under the recover levels (the
+        server's window keeps it); None, for a window with no history (replicas merged for one night): drift
+        when a statistic is over its threshold now."""
+        at = max(n, self.min_predictions)
+        over = self.exceeded(values, at) if n >= self.min_predictions else []
+        drifting = bool(over) if alert is None else alert
+        verdict = self.verdict(n, drifting)
+        statistics = {s: {"value": round(values[s], 4), "threshold": round(self.of(s, at), 4), "exceeded": s in over,
+                          "recover": round(self.limits[s].recover_at(at), 4), "source": self.limits[s].source,
+                          "curve": [self.limits[s].a, self.limits[s].b],
+                          "recover_curve": list(self.limits[s].recover)}
+                      for s in STATISTICS}  # fmt: skip
+        return verdict, statistics

@@ -48,6 +48,15 @@ def test_merged_counts_judge_the_replicas_as_one_window_would() -> None:
     assert merged["moved_most"][0]["class"] == "cat" and merged["unreadable"] == []
 
 
+def test_one_replica_merged_is_judged_exactly_as_its_server_judged_it() -> None:
+    """The merge holds the summed window to the server's own rule (DriftThresholds.judge): for one replica, every
+    statistic's value, threshold, recover level, curve and source and the verdict are the server's."""
+    for classes in ([0, 1, 2, 3] * 75, [0] * 300):
+        one = window_report(3, 300, classes)
+        merged = merge([("http://a:1", one)], [])
+        assert merged["statistics"] == one["statistics"] and merged["verdict"] == one["verdict"], classes
+
+
 def test_a_replica_serving_another_model_is_left_out_and_named() -> None:
     one, two = window_report(1, 300, [0, 1, 2, 3] * 75), window_report(2, 300, [0, 1, 2, 3] * 75)
     other = {**two, "model": {**MODEL, "sha256": "cd" * 32}}
