@@ -37,13 +37,13 @@ def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[s
     `from_review`: SRC is review images (the page's staging folder inside the review folder); None: SRC is
     the review folder itself."""
     src, dvc_file = Path(src), dest.with_name(f"{name}.dvc")
-    _check_dataset(src, name, dest, dvc_file)
+    check_dataset(src, name, dest, dvc_file)
     layout, pairs = folder_pairs(src, dest, what=f"INTO {name}")
     rule = split_rule(params, layout, dest)
     if from_review is None:
         from_review = src.resolve() == Path(params.serve.review_dir).resolve()
     plan = plan_merge(src, dest, layout, pairs, rule, from_review)
-    _check_dataset_is_committed(name, dest, dvc_file)
+    check_dataset_is_committed(name, dest, dvc_file)
     if plan.add:
         _apply(plan, dest, dvc_file)
         with edit_yaml(dvc_file) as document:  # `dvc add` keeps a .dvc file's meta when it adds again
@@ -59,7 +59,9 @@ def merge(src: Path, name: str, dest: Path, *, params: Params, decisions: dict[s
     return plan
 
 
-def _check_dataset(src: Path, name: str, dest: Path, dvc_file: Path) -> None:
+def check_dataset(src: Path, name: str, dest: Path, dvc_file: Path) -> None:
+    """The dataset `name` that SRC grows is here, DVC-tracked, and neither holds nor sits inside SRC (make
+    add-data INTO=, and the review page's take-in before it plans anything)."""
     if not dest.is_dir():
         if dvc_file.is_file():
             raise StageError(f"INTO {name}: {dest} is not here though {dvc_file} tracks it; "
@@ -75,7 +77,7 @@ def _check_dataset(src: Path, name: str, dest: Path, dvc_file: Path) -> None:
         raise StageError(f"SRC {src}: inside {dest}, the dataset it would grow; bring in a folder outside it")
 
 
-def _check_dataset_is_committed(name: str, dest: Path, dvc_file: Path) -> None:
+def check_dataset_is_committed(name: str, dest: Path, dvc_file: Path) -> None:
     """`dvc add` would take any change already in the folder along with the merge: refused, so the previous
     version is exactly what the .dvc file names."""
     proc = subprocess.run([sys.executable, "-m", "dvc", "status", "--json", str(dvc_file)], capture_output=True,

@@ -21,7 +21,7 @@ from tasks.core.errors import StageError
 from tasks.images.class_names import check_class_name
 from tasks.images.layout import read_layout
 from tasks.tools.add_data import RAW
-from tasks.tools.data_merge import _check_dataset_is_committed
+from tasks.tools.data_merge import check_dataset_is_committed
 from tasks.tools.review.dvc_lock import check_unlocked
 from tasks.tools.review.items import Item, resolve
 from tasks.tools.review.refusals import BadInput, Gone, Refusal
@@ -64,7 +64,7 @@ def _target(item: Item, dataset: Dataset, file: Path) -> Path:
 def _ready(review: Review, dataset: Dataset, action: str) -> None:
     check_unlocked(review.root, action)
     try:
-        _check_dataset_is_committed(dataset.name, dataset.dest, dataset.dvc_file)
+        check_dataset_is_committed(dataset.name, dataset.dest, dataset.dvc_file)
     except StageError as exc:  # add-data's refusal speaks of INTO and a merge: the same, named for this action
         message = str(exc).removeprefix(f"INTO {dataset.name}: ").replace(", then merge", f", then {action} again")
         raise Refusal(f"{action}: {message}") from None

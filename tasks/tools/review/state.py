@@ -14,7 +14,7 @@ from pathlib import Path
 from tasks.core.git import author
 from tasks.core.params import Params
 from tasks.tools.add_data import NAME_RULE, RAW
-from tasks.tools.data_merge import _check_dataset
+from tasks.tools.data_merge import check_dataset
 from tasks.tools.review.decisions import DecisionLog
 from tasks.tools.review.refusals import BadInput, Refusal
 
@@ -67,7 +67,7 @@ def find_dataset(params: Params, into: str | None, review_dir: Path, raw_dir: Pa
             raise BadInput(f"INTO {into!r}: use letters, digits, '.', '_' or '-' (at most 64, no '/'): the name of a "
                            "dataset under data/raw/, e.g. INTO=pets")  # fmt: skip
         dest = raw_dir / into
-        _check_dataset(review_dir, into, dest, dest.with_name(f"{into}.dvc"))
+        check_dataset(review_dir, into, dest, dest.with_name(f"{into}.dvc"))
         return Dataset(into, dest, dest.with_name(f"{into}.dvc"))
     return dataset_holding(Path(params.data.source), raw_dir)
 
