@@ -27,8 +27,9 @@ from serving.classifier import Classifier
 from serving.errors import ERRORS, add_error_handlers
 from serving.limits import BodyLimitMiddleware, RequestMetricsMiddleware
 from serving.model_slot import ModelSlot
-from serving.monitoring import Metrics, ReviewFolder, log
+from serving.monitoring import Metrics, log
 from serving.reload import Follower, add_reload
+from serving.review_store import ReviewFolder
 from serving.runtime import RUNTIME_ENV, ServerRuntime
 from serving.schema import BatchResponse, PredictResponse
 from serving.shared_memory import SharedFile

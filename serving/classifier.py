@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from serving.model_slot import ModelSlot
-from serving.monitoring import Metrics, ReviewFolder, log
+from serving.monitoring import Metrics, log
+from serving.review_store import ReviewFolder
 from tasks.core.params import ServeParams
 from tasks.images.imaging import ImageError, load_array
 from tasks.release.drift import DriftWindow

@@ -1,4 +1,4 @@
-"""The review folder's one definition of an image to review, read by the server's count (serving/monitoring.py),
+"""The review folder's one definition of an image to review, read by the server's count (serving/review_store.py),
 the review page (tasks/tools/review/) and the take-in's merge (tasks/tools/data_merge.py).
 
 An image to review is `<review_dir>/<class>/<image>`: a class folder as the layout reads one (not hidden), an

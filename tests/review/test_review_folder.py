@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.monitoring import ReviewFolder
+from serving.review_store import ReviewFolder
 from tasks.core.io import sha256_bytes
 from tasks.core.params import Params, load_params
 from tasks.images.review_folder import count
