@@ -12,8 +12,6 @@ and is proven equal to the same division in PyTorch.
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +30,7 @@ from tasks.core.cli import stage_main
 from tasks.core.errors import StageError
 from tasks.core.io import atomic_dir, atomic_path, sha256_file, write_json
 from tasks.core.params import DriftParams, ExportParams, Params, derive_seed, section_hash
+from tasks.core.provenance import stage_code_sha256
 from tasks.images.imaging import PreprocessSpec
 from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release.calibration import Calibration
@@ -56,32 +55,6 @@ class ExportResult:
     max_abs_diff: float
     report: dict[str, Any]
     timings: dict[str, Any]
-
-
-def code_sha256(module: str = "tasks.export", root: Path | None = None) -> str:
-    """sha256 of `module`'s source and of every tasks.* module it imports, transitively: the code version.
-
-    These files are all code deps of the stage in dvc.yaml (the contract test checks it), so DVC
-    reruns export whenever this hash would change. `root`: the tasks/ folder.
-    """
-    root = root or Path(__file__).resolve().parent
-
-    def source(name: str) -> Path:  # tasks.core.params -> <root>/core/params.py
-        return root / (name.split(".", 1)[1].replace(".", "/") + ".py")
-
-    seen, todo = set(), [module]
-    while todo:
-        name = todo.pop()
-        if name in seen or not source(name).is_file():  # a package (its __init__ is a docstring) or not ours
-            continue
-        seen.add(name)
-        for node in ast.walk(ast.parse(source(name).read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasks"):
-                todo += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]  # module or package
-            elif isinstance(node, ast.Import):
-                todo += [alias.name for alias in node.names if alias.name.startswith("tasks.")]
-    lines = [f"{name} {sha256_file(source(name))}" for name in sorted(seen)]
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def measure_timings(runtimes: dict[str, Any], test: ShardSplit, spec: PreprocessSpec, params: ExportParams,
@@ -190,7 +163,7 @@ def _metadata(
         "model_sha256": sha256_file(model_path),
         "data_manifest_sha256": sha256_file(shard_dir / MANIFEST),
         "export_params_sha256": section_hash(params),
-        "code_sha256": code_sha256(),
+        "code_sha256": stage_code_sha256("export"),  # what this process loaded, as train's identity counts it
         TEMPERATURE_KEY: repr(temperature_of(payload)),
         **{f"provenance.{k}": str(v) for k, v in payload.get("provenance", {}).items()},
     }

@@ -139,6 +139,17 @@ def stage_code(stage: str, root: Path) -> dict[str, str]:
     return {f: md5 for f, md5 in sorted(code.items()) if covered(f, deps)}
 
 
+def code_sha256(code: dict[str, str]) -> str:
+    """One sha256 of a stage's code (file -> md5, `stage_code`): what train's run identity, every rank's
+    agreement and export's metadata each call the code version."""
+    return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()
+
+
+def stage_code_sha256(stage: str, root: Path | None = None) -> str:
+    """The code version of `stage` as this process runs it: `code_sha256(stage_code(stage, root))`."""
+    return code_sha256(stage_code(stage, root or project_root()))
+
+
 def digest(path: Path) -> str | None:
     """The hash DVC 3 records for `path` in dvc.lock, computed by DVC's own dvc-data with the project's
     .dvcignore: a file's md5; a folder's tree hash (`<md5>.dir`). None if absent."""

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tasks.core.errors import StageError
+from tasks.core.provenance import stage_code_sha256
 from tasks.training import distributed
 
 log = logging.getLogger(__name__)
@@ -55,18 +56,10 @@ def _short(value: Any) -> str:
     return text[:12] if re.fullmatch(r"[0-9a-f]{64}", text) else text
 
 
-def code_sha256() -> str:
-    """The tasks/ package's Python files: what every rank runs."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
 def same_inputs(provenance: dict[str, str], world: distributed.World) -> None:
     """The same code, params, seed and shards on every rank."""
-    every_rank_agrees({**provenance, "code (tasks/) sha256": code_sha256()}, world, fix=SAME_COMMIT)
+    code = stage_code_sha256("train")  # the run identity's code version (tasks/core/provenance.py)
+    every_rank_agrees({**provenance, "code (train's loaded tasks/ files) sha256": code}, world, fix=SAME_COMMIT)
 
 
 def checkpoints_shared(folder: Path, world: distributed.World) -> None:

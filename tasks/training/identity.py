@@ -78,7 +78,7 @@ def run_identity(
     code = code if code is not None else {}
     environment = environment if environment is not None else {}
     return RunIdentity(
-        _sha256_json(described), data_sha256, _sha256_json(code) if code else "",
+        _sha256_json(described), data_sha256, provenance.code_sha256(code) if code else "",
         _sha256_json(environment) if environment else "",
         parts={"params": described, "data": data_sha256, "code": code, "environment": environment},
     )  # fmt: skip

@@ -15,7 +15,7 @@ import onnx
 import pytest
 import torch
 
-from tasks import export
+from tasks.core import provenance
 from tasks.core.errors import StageError
 from tasks.core.io import read_json
 from tasks.core.params import ParamsError, parse_params
@@ -23,6 +23,7 @@ from tasks.images.shards import MANIFEST, ShardSplit
 from tasks.release import parity
 from tasks.release.inference import OnnxModel
 from tasks.release.onnx_metadata import write_metadata
+from tasks.training.identity import run_identity
 from tasks.training.models import load_model_file, predict_logits
 from tasks.training.serialize import TORCHSCRIPT_METADATA, load_torchscript, stable_archive
 from tests.helpers.export import PARAMS, export_model, sha256
@@ -96,7 +97,7 @@ def test_metadata_carries_spec_and_provenance_in_every_format(exported: Path, mo
     assert json.loads(meta["class_names"]) == ["class_0", "class_1", "class_2"]
     assert meta["model_sha256"] == sha256(model)
     assert meta["data_manifest_sha256"] == sha256(shards / MANIFEST)
-    # (not compared with export.code_sha256() now: tasks/ may be edited while tests run)
+    # (not compared with the version now: tasks/ may be edited while tests run)
     assert len(meta["code_sha256"]) == 64 and int(meta["code_sha256"], 16) >= 0
     assert meta["provenance.params_sha256"] == "p" * 64 and meta["format"] == "onnx"
     common = {k: v for k, v in meta.items() if k != "drift_reference"}
@@ -185,24 +186,17 @@ def test_bad_formats_are_refused(formats: list[str], expected: str) -> None:
         parse_params({"export": {"formats": formats}})
 
 
-def test_code_version_covers_exactly_the_modules_export_imports(tmp_path: Path) -> None:
-    import shutil
-
-    tasks_dir = Path(export.__file__).parent
-    copy = tmp_path / "tasks"
-    shutil.copytree(tasks_dir, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    assert export.code_sha256(root=copy) == export.code_sha256()
-    with open(copy / "summary.py", "a") as handle:  # not imported by export: same version
-        handle.write("# an unrelated edit\n")
-    assert export.code_sha256(root=copy) == export.code_sha256()
-    with open(copy / "training" / "step.py", "a") as handle:  # training code export does not import: same
-        handle.write("# an edit to the step\n")
-    assert export.code_sha256(root=copy) == export.code_sha256()
-    for module in ("images/imaging.py", "release/onnx_metadata.py", "training/serialize.py"):  # all imported
-        before = export.code_sha256(root=copy)
-        with open(copy / module, "a") as handle:
-            handle.write("# an edit\n")
-        assert export.code_sha256(root=copy) != before, module
+def test_export_and_train_call_the_same_code_the_same_version() -> None:
+    """One code identity (tasks/core/provenance.py): export's metadata and train's run identity hash a stage's
+    loaded code the same way, so the same files give the same version, and a changed md5 another."""
+    code = provenance.stage_code("export", provenance.project_root())
+    assert "tasks/export.py" in code and "tasks/images/imaging.py" in code
+    version = provenance.stage_code_sha256("export")
+    assert version == provenance.code_sha256(code)
+    identity = run_identity(PARAMS.train, seed=0, data_sha256="d", init_sha256=None, device_type="cpu", code=code)
+    assert identity.code_sha256 == version
+    edited = {**code, "tasks/images/imaging.py": "0" * 32}
+    assert provenance.code_sha256(edited) != version
 
 
 def test_torchscript_archive_is_byte_stable_and_loads(model: Path, tmp_path: Path) -> None:
