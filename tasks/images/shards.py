@@ -123,17 +123,6 @@ class ShardFile:
         self._partial.unlink(missing_ok=True)
 
 
-def write_shard(path: Path, images: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
-    """Write (N, 3, S, S) uint8 images + labels as one Arrow IPC file; returns its manifest entry."""
-    import pyarrow as pa
-
-    path = Path(path)
-    schema = shard_schema(images.shape[-1])
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_batch(_record_batch(images, labels, schema))
-    return {"file": path.name, "count": len(images), "sha256": sha256_file(path)}
-
-
 def load_manifest(shard_dir: Path) -> dict[str, Any]:
     path = Path(shard_dir) / MANIFEST
     if not path.is_file():

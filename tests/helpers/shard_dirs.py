@@ -1,5 +1,6 @@
-"""Shard directories written straight from arrays (write_shard + a manifest, no preprocess), of any size and fast,
-and two tiny models over them (torch, ONNX): for the tests and the bench of what a pass over a split holds in memory.
+"""Shard directories written straight from arrays (ShardFile, the stage's writer, and a manifest; no preprocess),
+of any size and fast, and two tiny models over them (torch, ONNX): for the tests and the bench of what a pass over
+a split holds in memory.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 
 from tasks.core.io import write_json
 from tasks.images.imaging import PreprocessSpec
-from tasks.images.shards import FORMAT_VERSION, MANIFEST, load_manifest, write_shard
+from tasks.images.shards import FORMAT_VERSION, MANIFEST, ShardFile, load_manifest
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -32,7 +33,10 @@ def write_shard_dir(out: Path, counts: Mapping[str, int], *, image_size: int, cl
             rows = np.arange(start, min(start + shard_rows, count))
             labels = (rows % classes).astype(np.int16)
             images = rng.integers(0, 256, (len(rows), 3, image_size, image_size), dtype=np.uint8)
-            shards.append(write_shard(out / f"{split}-{number:05d}.arrow", images, labels))
+            shard = ShardFile(out / f"{split}-{number:05d}.arrow", image_size=image_size)
+            for image, label in zip(images, labels, strict=True):
+                shard.add(image, int(label))
+            shards.append(shard.close())
             files += [{"split": split, "index": int(i), "label": int(i % classes), "root": "images",
                        "path": f"c{i % classes}/{split}-{i:06d}.png",
                        "sha256": hashlib.sha256(f"{split}/{i}".encode()).hexdigest()} for i in rows]  # fmt: skip
