@@ -14,7 +14,7 @@ export PYTHONUNBUFFERED := 1
 
 .PHONY: setup run test test-fast test-slow docs docs-build promote lint tensorboard clean sanity inspect lr-find review-label-errors train-join
 .PHONY: serve serve-venv reload predict add-data add-weights warm-start commit-run check-reproduced reproduce push pull review
-.PHONY: experiments sweep
+.PHONY: experiments sweep gpu-check
 .PHONY: prefect-server prefect-pool prefect-deploy prefect-worker prefect-run prefect-up prefect-stop prefect-status
 
 # The pins are for Python 3.11: another Python is refused before a venv is made (pip would fail minutes later).
@@ -59,6 +59,11 @@ test: setup serve-venv
 
 test-slow: setup serve-venv
 	$(BIN)/python -m pytest -m slow
+
+# The CUDA paths no CPU test runs (fp16 + GradScaler, bf16, resume, ONNX on CUDA, auto_batch on a real OOM), one
+# table in a few minutes on a GPU (bench/gpu_check.py); without a CUDA device it says so and exits 0.
+gpu-check: setup
+	$(BIN)/python bench/gpu_check.py
 
 # The edit loop: the unit-level tests only (marker `fast`, pyproject.toml), under 3 minutes on 2 cores.
 # make test stays the full default suite.

@@ -60,3 +60,15 @@ def test_bench_serving_prints_the_table_the_server_line_and_the_drift_cost() -> 
     assert "one (1x1t, batch<=1) multipart c=8" in out and "one (1x1t, batch<=1) raw c=8" in out, out
     assert "bare, 1 thread, one at a time" in out and "one: ready" in out and "raw c=8:" in out, out
     assert re.search(r"drift bookkeeping: [0-9.]+ us per prediction, [0-9.]+% of a raw c=8 request's", out), out
+
+
+def test_gpu_check_says_it_is_skipped_without_cuda_and_exits_0() -> None:
+    """make gpu-check on a machine without CUDA: one line naming why, exit 0 (on a GPU it trains: make gpu-check)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: run make gpu-check, the whole check")
+    proc = subprocess.run([sys.executable, "bench/gpu_check.py"], cwd=ROOT, env=env_with_venv(), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("gpu-check skipped: no CUDA device (torch ") and len(proc.stdout.splitlines()) == 1
