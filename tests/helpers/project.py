@@ -147,10 +147,13 @@ def make_project(dest: Path, update: dict[str, Any] | None = None) -> Path:
         else:
             shutil.copy2(src, dest / name)
     write_params(dest, deep_update(TINY, update or {}))
-    # the experiment table and its writer lock, as the project ignores them
-    (dest / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlartifacts/\n")
+    # the experiment table and its writer lock, and bytecode, as the project ignores them
+    (dest / ".gitignore").write_text("mlflow.db\nmlflow.db.lock\nmlartifacts/\n__pycache__/\n*.pyc\n")
     sh(["git", "init", "-q"], cwd=dest)
     dvc("init", "-q", cwd=dest)
+    # the project's, not `dvc init`'s: the bytecode Python writes beside tasks/ is no part of a stage's deps (without
+    # it, where PYTHONDONTWRITEBYTECODE is unset, every stage's code deps change as it runs, and every repro reruns all)
+    shutil.copy2(ROOT / ".dvcignore", dest / ".dvcignore")
     dvc("config", "core.analytics", "false", cwd=dest)
     return dest
 
