@@ -139,9 +139,22 @@ def stage_code(stage: str, root: Path) -> dict[str, str]:
     return {f: md5 for f, md5 in sorted(code.items()) if covered(f, deps)}
 
 
+def declared_code(stage: str, root: Path) -> dict[str, str]:
+    """Every Python file `stage`'s deps cover -> md5: all the code the stage may load, now or later in its run
+    (stage_main refuses any other), whether or not it has loaded it yet."""
+    files = set()
+    for dep in declared(stage, root)[0]:
+        path = root / dep
+        if path.is_file() and path.suffix == ".py":
+            files.add(dep)
+        elif path.is_dir():
+            files |= {f.relative_to(root).as_posix() for f in path.rglob("*.py") if "__pycache__" not in f.parts}
+    return {f: md5_file(root / f) for f in sorted(files)}
+
+
 def code_sha256(code: dict[str, str]) -> str:
-    """One sha256 of a stage's code (file -> md5, `stage_code`): what train's run identity, every rank's
-    agreement and export's metadata each call the code version."""
+    """One sha256 of a stage's code (file -> md5: `stage_code`, `declared_code`): what train's run identity,
+    every rank's agreement and export's metadata each call the code version."""
     return hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()
 
 

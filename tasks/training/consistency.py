@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tasks.core.errors import StageError
-from tasks.core.provenance import stage_code_sha256
+from tasks.core.provenance import code_sha256, declared_code, project_root
 from tasks.training import distributed
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,9 @@ def _short(value: Any) -> str:
 
 def same_inputs(provenance: dict[str, str], world: distributed.World) -> None:
     """The same code, params, seed and shards on every rank."""
-    code = stage_code_sha256("train")  # the run identity's code version (tasks/core/provenance.py)
-    every_rank_agrees({**provenance, "code (train's loaded tasks/ files) sha256": code}, world, fix=SAME_COMMIT)
+    # every file train may load, not only those loaded so far: a rank whose lazily imported module differs stops now
+    code = code_sha256(declared_code("train", project_root()))
+    every_rank_agrees({**provenance, "code (train's tasks/ files) sha256": code}, world, fix=SAME_COMMIT)
 
 
 def checkpoints_shared(folder: Path, world: distributed.World) -> None:

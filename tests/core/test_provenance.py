@@ -145,3 +145,21 @@ def test_a_changed_vars_file_is_resolved_again(tmp_path: Path) -> None:
     assert declared("s", repo) == ([], ["a.json"])
     (repo / "more.yaml").write_text("out: b.json\n")
     assert declared("s", repo) == ([], ["b.json"])
+
+
+def test_declared_code_is_every_python_file_the_stage_deps_cover_loaded_or_not(tmp_path: Path) -> None:
+    """What every rank of a training compares (tasks/training/consistency.py): all the code the stage may load,
+    so a module imported only later in the run, and different on one node, is caught before the first step."""
+    from tasks.core.provenance import code_sha256, declared_code
+
+    repo = dvc_repo(tmp_path / "repo")
+    for name in ("pkg/a.py", "pkg/sub/b.py", "pkg/__pycache__/a.cpython-311.pyc", "one.py", "data.txt"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(f"# {name}\n")
+    (repo / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: echo\n    deps:\n      - pkg\n      - one.py\n      - data.txt\n"
+    )
+    code = declared_code("s", repo)
+    assert sorted(code) == ["one.py", "pkg/a.py", "pkg/sub/b.py"]
+    (repo / "pkg/sub/b.py").write_text("# changed on one node\n")
+    assert code_sha256(declared_code("s", repo)) != code_sha256(code)
