@@ -107,7 +107,7 @@ def review_page(repo: Path, *args: str) -> Iterator[tuple[str, Path]]:
     with output.open("w") as sink:
         proc = subprocess.Popen(make_command("review", *args), cwd=repo, env=env_with_venv(), stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
-    printed = re.compile(rf"the review page: (http://127\.0\.0\.1:{port}/\?token=[\w-]+) \(Ctrl-C stops it\)")
+    printed = re.compile(rf"the review page: (http://127\.0\.0\.1:{port}/[\w-]+/\?token=[\w-]+) \(Ctrl-C stops it\)")
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -136,10 +136,11 @@ def page(root: Path, monkeypatch: pytest.MonkeyPatch, params: Params | None = No
     through the URL with the token, whose cookie the client keeps."""
     monkeypatch.chdir(root)
     review = open_review(params or Params(), into, root)
-    client = TestClient(create_app(review), base_url="http://127.0.0.1")
-    entry = client.get(f"/?token={client.app.state.token}", follow_redirects=False)
-    assert entry.status_code == 303 and entry.headers["location"] == "/", entry.text
-    assert client.cookies.get("imagepipe_review_80") == client.app.state.token
+    app = create_app(review)
+    client = TestClient(app, base_url=f"http://127.0.0.1{app.state.base}")  # "/api/items" is <base>api/items
+    entry = client.get(f"/?token={app.state.token}", follow_redirects=False)
+    assert entry.status_code == 303 and entry.headers["location"] == app.state.base, entry.text
+    assert client.cookies.get("imagepipe_review") == app.state.token
     return client, review
 
 

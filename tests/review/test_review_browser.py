@@ -4,7 +4,11 @@ candidate inside a real DVC-tracked dataset, and not one request leaving 127.0.0
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -17,6 +21,30 @@ from tests.helpers.review import candidate, log_lines, review_page, tracked_proj
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright drives the browser of these tests")
 CHROMIUM = "/usr/bin/chromium"  # `playwright install` cannot download here: apt-get install -y chromium
+
+
+@contextmanager
+def another_local_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A server on another port of 127.0.0.1 that records the headers of every request it gets."""
+    heard: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            heard.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"<p>another page</p>")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", heard
+    finally:
+        server.shutdown()
 
 
 def open_page(p: object, url: str, requests: list[str]) -> object:
@@ -44,6 +72,9 @@ def test_label_by_keyboard_a_shift_click_range_and_undo(tmp_path: Path) -> None:
         assert page.url == clean  # the token became a cookie the page's script cannot read
         (cookie,) = page.context.cookies()
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and page.evaluate("document.cookie") == ""
+        with another_local_server() as (other, heard):  # a notebook on another port: the token never reaches it
+            page.context.new_page().goto(other)
+            assert heard and all("imagepipe" not in h.get("Cookie", "") for h in heard), heard
         cards = page.locator(".card")
         assert cards.count() == 6
         loaded = page.eval_on_selector_all("#grid img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")

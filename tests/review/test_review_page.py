@@ -63,7 +63,7 @@ def test_the_listing_sorts_least_sure_first_filters_by_guess_and_shows_why(
 
     html = client.get("/", params={"guess": "cat"}).text
     assert html.count('class="card') == 2 and "<kbd>1</kbd> bird" in html and "<kbd>x</kbd> discard" in html
-    assert 'src="/static/review.js"' in html and "http" not in html.split("<body>")[1].replace("http://", "")
+    assert 'src="static/review.js"' in html and "http" not in html.split("<body>")[1].replace("http://", "")
     assert client.get("/static/review.js").status_code == 200 and client.get("/static/review.css").status_code == 200
     image = client.get(first["url"])
     assert image.status_code == 200 and image.content == (tmp_path / "data/review/dog" / first["name"]).read_bytes()
@@ -204,7 +204,7 @@ def test_an_image_name_with_url_characters_is_served(tmp_path: Path, monkeypatch
     (folder / "a #?% b.json").write_text('{"predicted": "sea lion #1 50%", "top1_probability": 0.4}')
     client, _ = page(tmp_path, monkeypatch)
     (item,) = client.get("/api/items").json()["items"]
-    assert item["url"] == "/img/review/sea%20lion%20%231%2050%25/a%20%23%3F%25%20b.png"
+    assert item["url"] == "img/review/sea%20lion%20%231%2050%25/a%20%23%3F%25%20b.png"  # relative to the page
     assert f'src="{item["url"]}"' in client.get("/").text
     image = client.get(item["url"])
     assert image.status_code == 200 and image.content == png(5)
@@ -218,31 +218,52 @@ def test_without_the_token_every_request_is_refused_and_its_url_sets_a_strict_co
 ) -> None:
     monkeypatch.chdir(tmp_path)
     app = create_app(open_review(Params(), None, tmp_path))
-    stranger = TestClient(app, base_url="http://127.0.0.1")  # another local user's curl: no cookie, no token
+    base = app.state.base
+    stranger = TestClient(app, base_url=f"http://127.0.0.1{base}")  # another local user's curl: no cookie, no token
     root = tmp_path / "data" / "review"
     before = review_files(root)
     sha = traffic["a"]
     for method, path in [("GET", "/"), ("GET", "/api/items"), ("GET", "/static/review.js"),
                          ("GET", f"/img/review/cat/{sha}.png"), ("GET", "/?token=wrong"), ("POST", "/api/undo"),
                          ("POST", "/api/accept"), ("POST", "/api/take-in"), ("POST", "/api/fix"),
-                         ("POST", "/api/label?token=wrong")]:  # fmt: skip
+                         ("POST", "/api/label?token=wrong"), ("GET", "http://127.0.0.1/")]:  # fmt: skip
         answer = stranger.request(method, path, json={"items": [{"id": sha, "folder": "cat"}], "reason": "why"})
         assert answer.status_code == 403, (method, path)
         assert answer.json()["error"] == ("no access: open the URL `make review` printed "
-                                          "(http://127.0.0.1:80/?token=...)")  # fmt: skip
+                                          "(http://127.0.0.1:80/<page>/?token=...)")  # fmt: skip
     assert review_files(root) == before and not (root / ".decisions.jsonl").exists()
-    assert create_app(open_review(Params(), None, tmp_path)).state.token != app.state.token  # new at each start
+    other = create_app(open_review(Params(), None, tmp_path)).state
+    assert other.token != app.state.token and other.base != base  # new at each start
 
     entry = stranger.get(f"/?sort=newest&token={app.state.token}", follow_redirects=False)
-    assert entry.status_code == 303 and entry.headers["location"] == "/?sort=newest"
+    assert entry.status_code == 303 and entry.headers["location"] == f"{base}?sort=newest"
     cookie = entry.headers["set-cookie"]
-    assert cookie.startswith(f"imagepipe_review_80={app.state.token};") and "HttpOnly" in cookie
-    assert "SameSite=strict" in cookie and "Path=/" in cookie
+    assert cookie.startswith(f"imagepipe_review={app.state.token};") and "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie and f"Path={base}" in cookie
     assert stranger.get("/api/items").status_code == 200  # the cookie from now on
-    scripted = TestClient(app, base_url="http://127.0.0.1")  # or the token on each request
+    scripted = TestClient(app, base_url=f"http://127.0.0.1{base}")  # or the token on each request
     assert scripted.get(f"/api/items?token={app.state.token}").status_code == 200
     labelled = scripted.post(f"/api/label?token={app.state.token}", json={"items": [{"id": sha, "folder": "cat"}]})
     assert labelled.status_code == 200 and (root / "cat" / f"{sha}.png").is_file()
+
+
+@pytest.mark.fast
+def test_the_cookie_goes_to_the_pages_own_path_and_to_no_other_local_server(
+    tmp_path: Path, traffic: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cookie for 127.0.0.1 goes to every port of 127.0.0.1 (cookies ignore ports), so a notebook or any other
+    local server on another port would receive the token and could replay it here: the cookie's Path is the
+    page's own random path, which nothing else on the machine serves or knows."""
+    monkeypatch.chdir(tmp_path)
+    app = create_app(open_review(Params(), None, tmp_path))
+    browser = TestClient(app, base_url="http://127.0.0.1:8010")  # one cookie jar, as a browser's
+    assert browser.get(f"{app.state.base}?token={app.state.token}").status_code == 200  # redirected to the page
+    assert browser.cookies.get("imagepipe_review") == app.state.token
+    for elsewhere in ("http://127.0.0.1:8888/", "http://127.0.0.1:8888/api/items", "http://127.0.0.1:8010/"):
+        assert "cookie" not in browser.build_request("GET", elsewhere).headers, elsewhere
+    assert browser.build_request("GET", f"http://127.0.0.1:8010{app.state.base}api/items").headers["cookie"] == (
+        f"imagepipe_review={app.state.token}"
+    )  # the page itself gets it
 
 
 @pytest.mark.fast
@@ -253,7 +274,7 @@ def test_no_other_page_may_frame_the_review_page_or_run_script_in_it(
     refusal too, forbids framing (CSP frame-ancestors 'none', X-Frame-Options DENY), other scripts, and Referer."""
     monkeypatch.chdir(tmp_path)
     app = create_app(open_review(Params(), None, tmp_path))
-    client = TestClient(app, base_url="http://127.0.0.1")
+    client = TestClient(app, base_url=f"http://127.0.0.1{app.state.base}")
     for answer in (client.get(f"/?token={app.state.token}"), client.get("/api/items"), client.get("/static/review.js"),
                    TestClient(app, base_url="http://127.0.0.1").get("/")):  # fmt: skip
         policy = answer.headers["content-security-policy"]

@@ -40,7 +40,7 @@ def _main(params: Params) -> None:
     dataset = f"takes in to {review.dataset.dest}" if review.dataset else (
         f"no DVC-tracked dataset to take in to (data.source is {params.data.source}): it labels, take-in waits for "
         f"`make add-data SRC={params.data.source} NAME=<name>`")  # fmt: skip
-    log.info("the review page: http://127.0.0.1:%d/?token=%s (Ctrl-C stops it)", port, app.state.token)
+    log.info("the review page: http://127.0.0.1:%d%s?token=%s (Ctrl-C stops it)", port, app.state.base, app.state.token)
     log.info("%d image(s) in %s; %s; decisions logged to %s (by %s)", len(list_items(review)), review.review_dir,
              dataset, review.log.path, review.log.who)  # fmt: skip
     sys.stdout.flush()

@@ -3,7 +3,10 @@
 GET / renders the images (sorted, filtered by the model's guess); GET /img/... serves images from the review
 folder and the dataset only; POST /api/... decides (label, discard, undo, classes, fix, take-in, accept) and
 answers JSON, a refusal as {"error": "<one line>"} with its status (400, 403, 404, 409, 410). Every request needs
-the token made at start (Jupyter's way): `/?token=...` sets it as a cookie, then redirects to the clean URL.
+the token made at start (Jupyter's way): `/<page>/?token=...` sets it as a cookie, then redirects to the clean URL.
+Everything lives under `/<page>/`, a random path made at start with the token, and the cookie's Path is that
+path: browsers send a 127.0.0.1 cookie to every port of 127.0.0.1, but only under its Path, so another local
+server (a notebook, any page on another port) never receives the token, which it could otherwise replay here.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
@@ -80,18 +83,19 @@ SECURITY_HEADERS = {
 }
 
 
-def _cookie(request: Request) -> str:
-    """One cookie per port: two review pages of one machine keep their own (cookies ignore the port)."""
-    return f"imagepipe_review_{request.url.port or 80}"
+COOKIE = "imagepipe_review"  # its Path is the page's own /<page>/: two pages of one machine keep their own
 
 
 def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
                token: str | None = None) -> FastAPI:  # fmt: skip
-    """The page; `token`: what every request must carry (None: a new random one), as app.state.token."""
+    """The page; `token`: what every request must carry (None: a new random one), as app.state.token. The page is
+    at app.state.base (`/<page>/`, random); `make review` prints app.state.base + `?token=...`."""
     app = FastAPI(title="imagepipe review", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token = token or secrets.token_urlsafe(32)
+    base = app.state.base = f"/{secrets.token_urlsafe(12)}/"
     templates = Jinja2Templates(directory=HERE / "templates")
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    app.mount(f"{base}static", StaticFiles(directory=HERE / "static"), name="static")
+    site = APIRouter()  # every route, under `base` (the links and the script's requests are relative to it)
 
     @app.middleware("http")
     async def same_machine_only(request: Request, call_next: Any) -> Any:
@@ -106,16 +110,16 @@ def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "l
             return JSONResponse({"error": "POST bodies are JSON (Content-Type: application/json)"}, status_code=415)
         given = request.query_params.get("token")
         if given is not None and secrets.compare_digest(given.encode(), app.state.token.encode()):
-            if request.method == "GET" and request.url.path == "/":  # the URL printed at start: the cookie, once
+            if request.method == "GET" and request.url.path in ("/", base):  # the URL printed: the cookie, once
                 clean = request.url.remove_query_params("token")
-                answer = RedirectResponse(f"/?{clean.query}" if clean.query else "/", status_code=303)
-                answer.set_cookie(_cookie(request), app.state.token, httponly=True, samesite="strict")
+                answer = RedirectResponse(f"{base}?{clean.query}" if clean.query else base, status_code=303)
+                answer.set_cookie(COOKIE, app.state.token, path=base, httponly=True, samesite="strict")
                 return answer
             return await call_next(request)
-        cookie = request.cookies.get(_cookie(request), "")
+        cookie = request.cookies.get(COOKIE, "")
         if not secrets.compare_digest(cookie.encode(), app.state.token.encode()):
             return JSONResponse({"error": "no access: open the URL `make review` printed (http://127.0.0.1:"
-                                          f"{request.url.port or 80}/?token=...)"}, status_code=403)  # fmt: skip
+                                          f"{request.url.port or 80}/<page>/?token=...)"}, status_code=403)  # fmt: skip
         return await call_next(request)
 
     @app.middleware("http")
@@ -148,7 +152,7 @@ def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "l
         shown = [i.to_json(standing.get(i.id), dest) for i in sort_items(items, sort, guess)]
         return {"items": shown, "classes": classes(review, items), "total": len(items)}
 
-    @app.get("/", response_class=HTMLResponse)
+    @site.get("/", response_class=HTMLResponse)
     def page(request: Request, sort: str = "confidence", guess: str | None = None) -> Any:
         sort = sort if sort in SORTS else "confidence"
         data = listing(sort, guess or None)
@@ -157,46 +161,47 @@ def create_app(review: Review, allowed_hosts: tuple[str, ...] = ("127.0.0.1", "l
                    "source": review.params.data.source, "who": review.log.who}  # fmt: skip
         return templates.TemplateResponse(request, "review.html", context)
 
-    @app.get("/api/items")
+    @site.get("/api/items")
     def items(sort: str = "confidence", guess: str | None = None) -> dict[str, Any]:
         return listing(sort if sort in SORTS else "confidence", guess or None)
 
-    @app.get("/img/review/{rel:path}")
+    @site.get("/img/review/{rel:path}")
     def review_image(rel: str) -> FileResponse:
         return _served(review.review_dir, rel, f"the review folder {review.review_dir}")
 
-    @app.get("/img/dataset/{rel:path}")
+    @site.get("/img/dataset/{rel:path}")
     def dataset_image(rel: str) -> FileResponse:
         base = review.dataset.dest if review.dataset else None
         return _served(base, rel, f"the dataset {base}" if base else "a dataset (this page has none)")
 
-    @app.post("/api/label")
+    @site.post("/api/label")
     def label(selection: Selection) -> dict[str, Any]:
         return {"entries": actions.label(review, _refs(selection), selection.to)}
 
-    @app.post("/api/discard")
+    @site.post("/api/discard")
     def discard(selection: Selection) -> dict[str, Any]:
         return {"entries": actions.discard(review, _refs(selection))}
 
-    @app.post("/api/undo")
+    @site.post("/api/undo")
     def undo() -> dict[str, Any]:
         return {"entries": actions.undo(review)}
 
-    @app.post("/api/classes")
+    @site.post("/api/classes")
     def new_class(named: Named) -> dict[str, Any]:
         name = actions.add_class(review, named.name)
         return {"name": name, "classes": classes(review, list_items(review))}
 
-    @app.post("/api/fix")
+    @site.post("/api/fix")
     def fix_in_place(selection: Selection) -> dict[str, Any]:
         return fix.fix_in_place(review, _refs(selection))
 
-    @app.post("/api/take-in")
+    @site.post("/api/take-in")
     def take_in() -> dict[str, Any]:
         return intake.take_in(review)
 
-    @app.post("/api/accept")
+    @site.post("/api/accept")
     def accept(reason: Reason) -> dict[str, Any]:
         return gate.accept(review, reason.reason)
 
+    app.include_router(site, prefix=base.rstrip("/"))
     return app

@@ -76,13 +76,13 @@ class Item:
         if self.candidate and dataset is not None:
             file = Path(str(self.sidecar.get("file"))).resolve()
             if dataset.resolve() in file.parents:
-                file_url = f"/img/dataset/{quote(file.relative_to(dataset.resolve()).as_posix())}"
+                file_url = f"img/dataset/{quote(file.relative_to(dataset.resolve()).as_posix())}"
         return {"id": self.id, "folder": self.folder, "name": self.name, "guess": self.guess,
                 "confidence": self.confidence, "top3": self.top3(), "reason": self.reason(),
                 "saved_at": self.sidecar.get("saved_at"), "candidate": self.candidate,
                 "given": self.sidecar.get("given"), "file": self.sidecar.get("file") if self.candidate else None,
                 "decided": {"by": standing["who"], "when": standing["when"]} if filed else None,
-                "url": f"/img/review/{quote(self.folder)}/{quote(self.name)}", "file_url": file_url}  # fmt: skip
+                "url": f"img/review/{quote(self.folder)}/{quote(self.name)}", "file_url": file_url}  # fmt: skip
 
 
 def _item(image: Path, folder: str) -> Item | None:

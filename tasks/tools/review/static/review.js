@@ -101,7 +101,7 @@
     const chosen = targets();
     if (!chosen.length) return say("no image to label", false);
     try {
-      const answer = await post("/api/label", { items: refs(chosen), to });
+      const answer = await post("api/label", { items: refs(chosen), to });
       answer.entries.forEach((entry, i) => {
         const card = chosen[i];
         card.dataset.folder = entry.to;
@@ -121,7 +121,7 @@
     const chosen = targets();
     if (!chosen.length) return say("no image to discard", false);
     try {
-      const answer = await post("/api/discard", { items: refs(chosen) });
+      const answer = await post("api/discard", { items: refs(chosen) });
       const first = cards().indexOf(chosen[0]);
       chosen.forEach((card) => card.remove());
       say(`${answer.entries.length} image(s) discarded (kept in ${answer.entries[0].to}/; u undoes)`, true);
@@ -133,7 +133,7 @@
 
   async function undo() {
     try {
-      const answer = await post("/api/undo", {});
+      const answer = await post("api/undo", {});
       const first = answer.entries[0];
       const back = [...new Set(answer.entries.map((e) => e.to))].join(", ");  // a range can come from several
       reloadWith({ text: `undone: ${first.undid} of ${answer.entries.length} image(s), back in ${back}`, ok: true });
@@ -146,7 +146,7 @@
     const chosen = targets();
     if (!chosen.length) return say("no candidate selected", false);
     try {
-      const answer = await post("/api/fix", { items: refs(chosen) });
+      const answer = await post("api/fix", { items: refs(chosen) });
       reloadWith({ text: `fixed in place: ${answer.moved} file(s) moved in ${answer.dataset}; keep it: ${answer.keep}`, ok: true });
     } catch (err) {
       say(err.message, false);
@@ -180,7 +180,7 @@
 
   async function takeIn() {
     try {
-      const result = await post("/api/take-in", {});
+      const result = await post("api/take-in", {});
       sessionStorage.setItem("review-take-in", JSON.stringify(result));
       reloadWith({ text: `taken in: ${result.added} added, ${result.skipped} skipped`, ok: true });
     } catch (err) {
@@ -194,7 +194,7 @@
     const box = document.getElementById("accept-result");
     box.replaceChildren(el("p", "running promote --accept (it runs the gate again) ..."));
     try {
-      const result = await post("/api/accept", { reason: document.getElementById("accept-reason").value });
+      const result = await post("api/accept", { reason: document.getElementById("accept-reason").value });
       box.replaceChildren();
       for (const step of result.steps) {
         box.append(el("p", `${step.command}: exit status ${step.status}`, step.status === 0 ? "status-ok" : "status-bad"));
@@ -211,7 +211,7 @@
     event.preventDefault();
     const input = document.getElementById("new-class-name");
     try {
-      const answer = await post("/api/classes", { name: input.value });
+      const answer = await post("api/classes", { name: input.value });
       const found = answer.classes.find((c) => c.name === answer.name);
       reloadWith({ text: `class ${answer.name} added${found && found.key ? `: key ${found.key}` : ""}`, ok: true });
     } catch (err) {
