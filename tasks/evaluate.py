@@ -77,7 +77,9 @@ def run(
     plot_per_class(metrics["per_class"], names.per_class_png)
     _gallery(test, logits / temperature, class_names, params.gallery_images, names.errors_gallery)  # as served
     _reliability(logits, test.labels, temperature, metrics_path.parent / RELIABILITY_PNG)
-    _label_errors(model, spec, shard_dir, {"test": logits}, params, roots, dynamics_path, names.label_errors)
+    _label_errors(
+        model, spec, shard_dir, {"test": logits}, params, roots, dynamics_path, names.label_errors, temperature
+    )
     log.info("test accuracy %.4f, macro F1 %.4f on %d images -> %s",
              metrics["accuracy"], metrics["macro_f1"], metrics["num_samples"], metrics_path)  # fmt: skip
     _log_calibration(metrics["calibration"])
@@ -118,7 +120,7 @@ def _log_calibration(c: dict[str, Any]) -> None:
 
 def _label_errors(
     model: torch.nn.Module, spec: PreprocessSpec, shard_dir: Path, scored: dict[str, np.ndarray],
-    params: EvaluateParams, roots: dict[str, str] | None, dynamics_path: Path, path: Path,
+    params: EvaluateParams, roots: dict[str, str] | None, dynamics_path: Path, path: Path, temperature: float,
 ) -> None:  # fmt: skip
     """Every accepted image of every split, ranked by a score from a model that did not learn it. Each split is
     streamed in blocks: only the logits (images x classes) grow with the dataset, never its pixels."""
@@ -136,13 +138,16 @@ def _label_errors(
     logits = np.concatenate([scored[split] for split in SPLITS])
     ranking = label_error_ranking(logits, entries, spec.class_names, roots, params.label_errors,
                                   train_aum=aum, train_p_given=p_given,
-                                  times_trained=np.asarray(dynamics["times_trained"]))  # fmt: skip
+                                  times_trained=np.asarray(dynamics["times_trained"]),
+                                  temperature=temperature)  # fmt: skip
     write_json(path, {
         "rule": f"the {len(ranking)} lowest-scoring of the {len(entries)} accepted images (evaluate.label_errors), "
                 "lowest first; the score: its given label's logit minus the largest "
                 f"other one, judged out of sample. Val and test images, and training images no step drew: "
                 f"{HELD_OUT}. Training images: {DURING_TRAINING}, {dynamics['rule']}",
-        "images_scored": len(entries), "likely_label_errors": ranking,
+        "probabilities": f"as served: softmax(logits / T), model.pt's T = {temperature:g}; a training image's "
+                         "p_given: its mean during training",
+        "temperature": temperature, "images_scored": len(entries), "likely_label_errors": ranking,
     })  # fmt: skip
 
 

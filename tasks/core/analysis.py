@@ -51,7 +51,7 @@ def margins(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndar
 def label_error_ranking(
     logits: np.ndarray, entries: Sequence[Mapping[str, Any]], class_names: Sequence[str],
     roots: Mapping[str, str], count: int, *, train_aum: np.ndarray, train_p_given: np.ndarray,
-    times_trained: np.ndarray,
+    times_trained: np.ndarray, temperature: float,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The `count` likeliest label errors, each judged by a model that did not learn it: lowest score first.
 
@@ -61,10 +61,12 @@ def label_error_ranking(
     image's is its area under the margin (`train_aum[index]`): the final model has memorised its training
     images, mislabeled ones too, so its verdict on them says little. A training image that no step drew
     (`times_trained` 0: whole batches only) is held out too, and the final model scores it. `suggested` is
-    the class the final model likes best after the given one.
+    the class the final model likes best after the given one. The final model's probabilities are the served
+    ones, softmax(logits / `temperature`) (model.pt's), so a candidate's `p_suggested` and an upload's top-1
+    probability are on one scale where the review page sorts them together; the margin ranks as before.
     """
     labels = np.array([entry["label"] for entry in entries], dtype=np.int64)
-    log_probs = log_softmax(logits)
+    log_probs = log_softmax(np.asarray(logits, dtype=np.float64) / temperature)
     rows = np.arange(len(labels))
     (score, suggested), p_given = margins(logits, labels), np.exp(log_probs[rows, labels])
     index = np.array([entry["index"] for entry in entries], dtype=np.int64)

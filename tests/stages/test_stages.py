@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tasks import evaluate, preprocess, train
 from tasks.core.io import read_json
 from tasks.core.params import Params
+from tasks.images.shards import ShardSplit
 from tasks.tools import review_label_errors
+from tasks.training.models import load_model_file, split_logits
+from tasks.training.tempered import temperature_of
 from tests.helpers.project import TINY
 
 PARAMS = Params.model_validate(TINY | {"train": {**TINY["train"], "epochs": 2}})
@@ -78,6 +82,20 @@ def test_evaluate_writes_metrics_and_confusion(shards: Path, model: Path, tmp_pa
         if during:
             assert entry["score"] == dynamics["aum"][index]
         assert entry["suggested"] != entry["given"]
+    # The served scale: the final model's probabilities with model.pt's temperature, as an upload's on the page.
+    loaded, spec, payload = load_model_file(model)
+    temperature = temperature_of(payload)
+    assert errors["temperature"] == temperature
+    served = {}
+    for entry in ranked:
+        if entry["scored_by"] != "final model, held out":
+            continue
+        if entry["split"] not in served:
+            served[entry["split"]] = split_logits(loaded, ShardSplit.open(shards, entry["split"]), spec)
+        index = next(f["index"] for f in manifest["files"] if f["sha256"] == entry["sha256"])
+        row = served[entry["split"]][index] / temperature
+        probs = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+        assert entry["p_predicted"] == pytest.approx(float(probs.max()), abs=2e-4), entry
 
 
 def test_planted_label_errors_top_the_ranking(tmp_path: Path) -> None:
