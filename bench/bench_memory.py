@@ -82,7 +82,9 @@ def child(name: str, mode: str, shards: Path, batch_size: int) -> None:
             for split in SPLITS:
                 scored[split] = predict_logits(model, ShardSplit.open(shards, split).all_images(), spec, batch_size)
         out = shards.parent / f"label_errors.{mode}.json"
-        evaluate._label_errors(model, spec, shards, scored, params, None, shards.parent / "train_dynamics.json", out)
+        evaluate._label_errors(
+            model, spec, shards, scored, params, None, shards.parent / "train_dynamics.json", out, 1.0
+        )  # T: the tiny model has none
     elif name == "score_images":
         onnx = OnnxModel.load(shards.parent / "model.onnx")
         if mode == "whole":  # the code before: model.logits(data.all_images(), batch_size), then the manifest

@@ -142,7 +142,7 @@ def test_the_label_error_pass_holds_a_few_blocks_not_the_splits(large: Path, sma
     params = EvaluateParams(batch_size=8, label_errors=10)
     model = tiny_net(len(spec.class_names))
     out = large.parent / "label_errors.json"
-    peak, _ = peak_bytes(lambda: evaluate._label_errors(model, spec, large, {}, params, None, dynamics, out))
+    peak, _ = peak_bytes(lambda: evaluate._label_errors(model, spec, large, {}, params, None, dynamics, out, 1.0))
     largest = max(split_bytes(large, split) for split in LARGE)
     # Held at once: a block or two, a batch as float32 (a block's size), the manifest's list of files (about 1 MB)
     assert peak < largest / 4, f"{peak / 1e6:.1f} MB at once; the largest split is {largest / 1e6:.1f} MB"
