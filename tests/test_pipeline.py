@@ -81,6 +81,7 @@ def set_tracking(repo: Path, enabled: bool) -> None:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_every_run_that_reaches_the_gate_is_one_mlflow_run(repo: Path) -> None:
     """With tracking on (params.yaml as shipped), `dvc repro` logs one run; a no-op repro adds none;
     `dvc exp run -S regression.alpha=0.04` (in DVC's temporary copy; a gate's param, so only the gate reruns there)
@@ -232,6 +233,7 @@ def test_check_reproduced_refuses_a_workspace_that_does_not_hold_the_run(repo: P
     assert check_reproduced(repo).stdout.startswith("identical")
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_the_ledger_holds_what_dvc_recorded_and_a_pulled_clone_reproduced_nothing(repo: Path, tmp_path: Path) -> None:
     """Each stage run here left a ledger line with the hashes dvc.lock has. A clone whose outputs came from the
     cache, as `dvc pull` brings them, computed nothing: check-reproduced says so and exits 1, never "identical";
@@ -305,6 +307,7 @@ def head(repo: Path) -> str:
     return sh(["git", "rev-parse", "HEAD"], cwd=repo).stdout.strip()
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_commit_run_refuses_a_partial_run(repo: Path) -> None:
     """An export param changed and only `dvc repro export` run: the verdict is the old export's, so the run is not
     committed, and git is left as it was. (An export param, not train's: a train with `cache: false` outputs is

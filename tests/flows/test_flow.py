@@ -164,6 +164,7 @@ def test_second_run_skips_unchanged_stages_and_pushes_to_the_remote(trained: dic
     assert (remote / "files" / "md5" / md5[:2] / md5[2:]).is_file()
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_a_run_after_an_lr_change_says_why_each_stage_ran_and_compares_with_the_last_run(
     trained: dict[str, Any],
 ) -> None:
@@ -249,6 +250,7 @@ def test_regression_flow_passes_on_the_promoted_model(promoted: Path) -> None:
     assert "PASS" in verdict and "verified before use" in verdict
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_regression_flow_scores_a_git_revision(promoted: Path) -> None:
     from flows.regression_flow import regression_flow
 

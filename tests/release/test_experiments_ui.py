@@ -11,6 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tasks.core.params import load_params
 from tasks.release import tracking
 from tests.helpers.prefect import free_port
@@ -30,6 +32,7 @@ def _experiments(root: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_make_experiments_serves_the_table_on_the_params_port_and_refuses_what_it_cannot(tmp_path: Path) -> None:
     """`make experiments` as a user runs it: the real MLflow UI over mlflow.db, its REST API answering with
     the logged run, and the address it prints is the project's runs table (MLflow 3's home is its GenAI

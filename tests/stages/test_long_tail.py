@@ -81,6 +81,7 @@ def test_a_long_tail_is_trained_with_the_remedy_and_scored_by_balanced_accuracy(
     assert metrics["balanced_accuracy"] == pytest.approx(sum(recalls) / len(recalls), abs=1e-6)
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_the_balanced_sampler_resumes_to_the_same_weights(long_tail: Path, tmp_path: Path) -> None:
     """A run stopped mid-epoch (a NaN under train.nonfinite abort, after the step-2 checkpoint) and rerun ends
     with the bytes of an uninterrupted run: the balanced order is drawn again from the checkpointed generator."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from tasks.core.io import read_json
 from tests.helpers.project import dvc, make_project
 
@@ -15,6 +17,7 @@ def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_changed_augment_code_retrains_instead_of_resuming_the_finished_run(tmp_path: Path) -> None:
     repo = make_project(tmp_path / "repo", {"train": {"device": "cpu"}})
     dvc("repro", "train", cwd=repo)

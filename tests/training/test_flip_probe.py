@@ -100,6 +100,7 @@ def test_the_probe_is_the_same_for_the_same_seed_and_leaves_the_runs_random_stre
     assert first.to_json() == second.to_json()
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_train_run_json_and_the_log_name_the_probe(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     shards = shards_of(draw_sided_folder(tmp_path / "sided", per_class=16, seed=1), tmp_path / "shards")
     params = TRAIN.model_copy(update={"epochs": 1, "precision": "fp32", "device": "cpu"})

@@ -79,6 +79,7 @@ def test_kill_right_after_a_checkpoint_resumes_from_it(prepared: Path, uninterru
     assert md5(repo / "models" / "model.pt") == uninterrupted
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_kill_during_a_checkpoint_write_keeps_the_previous_one(
     prepared: Path, uninterrupted: str, tmp_path: Path
 ) -> None:

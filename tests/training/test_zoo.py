@@ -146,6 +146,7 @@ def test_timms_weights_come_through_add_weights_and_dvc_and_a_second_clone_pulls
         load_pretrained(build_model(TIMM, 3), path.parent, published(TIMM, TAG))
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_a_damaged_hub_cache_is_refused_and_nothing_is_added(tmp_path: Path) -> None:
     weights_cfg = published(TIMM, TAG)
     cache = tmp_path / "hf"
