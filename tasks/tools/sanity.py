@@ -52,8 +52,9 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
         update={"lr": sanity.lr, "label_smoothing": 0.0, "ema": False, "scheduler": "plateau", "warmup_epochs": 0.0,
                 "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip
-    precision = resolve_precision(recipe.precision, device, recipe.memory_format)
-    model = precision.place(start.model(recipe).module.to(device))
+    built = start.model(recipe).module
+    precision = resolve_precision(recipe.precision, device, recipe.memory_format).for_model(built, recipe.memory_format)
+    model = precision.place(built.to(device))
     optimizer, schedule = start.optimizer(model, recipe)
     runner = StepRunner(
         model=model, ddp=None, optimizer=optimizer, schedule=schedule, precision=precision, params=recipe,

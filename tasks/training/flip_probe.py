@@ -94,8 +94,9 @@ def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec
     sampler = sampler_for(arm.imbalance, dataset.labels, arm.batch_size, World(), generator)
     loader = make_loader(dataset, sampler, num_workers=0, pin_memory=False, generator=generator)
     torch.manual_seed(derive_seed(seed, "flip_probe_init"))  # the same start weights in both arms
-    precision = resolve_precision(arm.precision, device, arm.memory_format)
-    model = precision.place(build_model(arm.arch, len(spec.class_names)).to(device))
+    built = build_model(arm.arch, len(spec.class_names))
+    precision = resolve_precision(arm.precision, device, arm.memory_format).for_model(built, arm.memory_format)
+    model = precision.place(built.to(device))
     optimizer = build_optimizer(model, arm)
     runner = StepRunner(
         model=model, ddp=None, optimizer=optimizer, schedule=Schedule(optimizer, arm, steps), precision=precision,

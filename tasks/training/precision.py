@@ -11,13 +11,16 @@ and a fleet of mixed CPUs can pin one. What auto resolved to is the train stage'
 (reports/environment/train.json), so the override is part of DVC's key like the CPU itself.
 
 Memory format auto is what measured faster for the device and precision (`resolve_memory_format`,
-figures in docs/benchmarks.md). The weights saved and exported are contiguous either way, and a
-checkpoint of either format loads under the other.
+figures in docs/benchmarks.md), except for a model with a layer torch's CPU kernels break under channels_last
+(`Precision.for_model`). The weights saved and exported are contiguous either way, and a checkpoint of either
+format loads under the other.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +28,10 @@ from typing import Any
 import torch
 
 from tasks.core.environment import NATIVE_BF16_ENV, cpu_memory_format, cpu_precision
+from tasks.core.errors import StageError
 from tasks.core.private_api import cpu_native_bf16
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -55,12 +61,44 @@ class Precision:
             return tensor_or_module.to(memory_format=torch.channels_last)
         return tensor_or_module.contiguous(memory_format=torch.channels_last)
 
+    def for_model(self, model: torch.nn.Module, requested: str) -> Precision:
+        """This precision for `model`: contiguous instead of channels_last on a CPU when the model has a layer whose
+        channels_last backward corrupts memory there (`cpu_channels_last_breaks`), with a warning under
+        train.memory_format auto and a one-line refusal when channels_last was asked for."""
+        layer = cpu_channels_last_breaks(model) if self.channels_last and self.device_type == "cpu" else None
+        if layer is None:
+            return self
+        why = (f"{layer}: torch {torch.__version__}'s CPU backward of a strided 1x1 convolution over fewer than 8 "
+               "channels in channels_last crashes the process (a segfault or a hang)")  # fmt: skip
+        if requested == "channels_last":
+            raise StageError(f"train.memory_format channels_last: {why}; use auto or contiguous")
+        log.warning("memory format contiguous, not channels_last: %s", why)
+        return dataclasses.replace(self, memory_format="contiguous")
+
     def make_scaler(self) -> torch.amp.GradScaler | None:
         """fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none."""
         return torch.amp.GradScaler(self.device_type) if self.name == "fp16" else None
 
 
-__all__ = ["NATIVE_BF16_ENV", "Precision", "cpu_has_native_bf16", "resolve_memory_format", "resolve_precision"]
+__all__ = [
+    "NATIVE_BF16_ENV",
+    "Precision",
+    "cpu_channels_last_breaks",
+    "cpu_has_native_bf16",
+    "resolve_memory_format",
+    "resolve_precision",
+]
+
+
+def cpu_channels_last_breaks(model: torch.nn.Module) -> str | None:
+    """The first layer (named, with its shape) whose channels_last backward on a CPU corrupts memory: a 1x1 Conv2d
+    with a stride over fewer than 8 input channels, as MobileOne's, FastViT's and RepViT's stems have (measured with
+    torch 2.14.1: 2-5 input channels at stride 2 segfaulted or hung; 1, 6, 8 and more, and stride 1, ran)."""
+    for name, module in model.named_modules():
+        if (isinstance(module, torch.nn.Conv2d) and module.kernel_size == (1, 1) and module.stride != (1, 1)
+                and module.in_channels < 8):  # fmt: skip
+            return f"layer {name} (Conv2d {module.in_channels} -> {module.out_channels}, 1x1, stride {module.stride})"
+    return None
 
 
 def cpu_has_native_bf16() -> bool:

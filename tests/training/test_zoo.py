@@ -166,3 +166,46 @@ def test_a_damaged_hub_cache_is_refused_and_nothing_is_added(tmp_path: Path) -> 
                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert wrong.returncode != 0 and f"'in22k': timm publishes no such weights for mobilenetv4_conv_small; valid: " \
         f"['e1200_r224_in1k', '{TAG}', 'e3600_r256_in1k']" in wrong.stderr + wrong.stdout  # fmt: skip
+
+
+def test_a_model_torchs_cpu_channels_last_backward_breaks_trains_contiguous_or_is_refused(tmp_path: Path) -> None:
+    """MobileOne's stem has a 1x1 stride-2 convolution over the 3 input channels: its channels_last backward on a
+    CPU segfaults or hangs (torch 2.14.1). Under train.memory_format auto the stage trains it contiguous, saying
+    why; asked for channels_last, it refuses in one line. Run in a child: before this check the child crashed."""
+    from tasks.training.precision import Precision, cpu_channels_last_breaks
+
+    mobileone = build_model("timm/mobileone_s0", 3)
+    layer = cpu_channels_last_breaks(mobileone)
+    assert layer is not None and "Conv2d 3 -> 48, 1x1, stride (2, 2)" in layer
+    assert cpu_channels_last_breaks(build_model("resnet18", 3)) is None  # resnet's strided 1x1 convs see 64+
+    channels_last = Precision("fp32", "cpu", "channels_last")
+    assert channels_last.for_model(mobileone, "auto").memory_format == "contiguous"
+    assert Precision("fp32", "cuda", "channels_last").for_model(mobileone, "auto") == Precision(
+        "fp32", "cuda", "channels_last")  # a GPU's kernels are not the CPU's  # fmt: skip
+    script = f"""
+import sys
+from pathlib import Path
+from tasks import preprocess, train
+from tasks.core.errors import StageError
+from tasks.core.params import Params
+from tests.helpers.folders import make_imagefolder
+from tests.helpers.project import TINY
+p = Params.model_validate(TINY)
+root = Path({str(tmp_path)!r})
+make_imagefolder(root / "images", classes=3, per_class=8)
+preprocess.run(p.preprocess, seed=0, source=root / "images", out_dir=root / "shards")
+for fmt in ("auto", "channels_last"):
+    try:
+        train.run(p.train.model_copy(update={{"arch": "timm/mobileone_s0", "epochs": 1, "memory_format": fmt}}),
+                  seed=0, shard_dir=root / "shards", model_path=root / fmt / "model.pt",
+                  history_path=root / fmt / "h.json", plot_path=root / fmt / "h.png", runs_dir=root / fmt / "runs",
+                  provenance={{}})
+        print(fmt, "trained", flush=True)
+    except StageError as exc:
+        print(fmt, "refused:", exc, flush=True)
+"""
+    env = {**os.environ, "IMAGEPIPE_NATIVE_BF16": "0"}  # fp32: the precision whose auto format is channels_last on AVX2
+    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "auto trained" in run.stdout and "channels_last refused: train.memory_format channels_last: layer " in (
+        run.stdout), run.stdout  # fmt: skip
