@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_storage import MODES, Mode, encode  # noqa: E402
+from bench.bench_warm_start import accuracy  # noqa: E402  (a model's test accuracy on a shard directory)
 from tasks import train  # noqa: E402
 from tasks.core.io import read_json, write_json  # noqa: E402
 from tasks.core.params import load_params  # noqa: E402
 from tasks.images.shards import MANIFEST, ShardFile, ShardSplit, load_manifest  # noqa: E402
-from tasks.training.models import load_model_file, split_logits  # noqa: E402
 
 NAMES = {"raw": 0, "jpeg90": 1, "jpeg90-444": 2, "jpeg95": 3, "jpeg95-444": 4}  # --modes -> bench_storage.MODES
 
@@ -73,12 +73,6 @@ def stored_as(shards: Path, mode: Mode, out: Path) -> float:
     return encoded / max(count, 1)
 
 
-def test_accuracy(model_path: Path, shards: Path) -> float:
-    model, spec, _ = load_model_file(model_path)
-    test = ShardSplit.open(shards, "test")
-    return float((split_logits(model, test, spec).argmax(1) == np.asarray(test.labels)).mean())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, default=ROOT / "data" / "shards", help="a shard directory (make run's)")
@@ -102,8 +96,8 @@ def main() -> None:
                                    history_path=out / "h.json", plot_path=out / "h.png", runs_dir=out / "runs",
                                    provenance={}, parent_dir=out / "parent")  # fmt: skip
                 seconds.append(time.perf_counter() - began)
-                own.append(test_accuracy(result.model_path, shards))
-                served.append(test_accuracy(result.model_path, args.shards))
+                own.append(accuracy(result.model_path, shards))
+                served.append(accuracy(result.model_path, args.shards))
                 print(f"  {mode.name} seed {seed}: test {own[-1]:.4f} (own split), {served[-1]:.4f} (raw split), "
                       f"{seconds[-1]:.0f} s", file=sys.stderr, flush=True)  # fmt: skip
             rows.append((mode, per_image, own, served, seconds))
