@@ -49,7 +49,7 @@ def another_local_server() -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 def open_page(p: object, url: str, requests: list[str]) -> object:
     browser = p.chromium.launch(executable_path=CHROMIUM)  # type: ignore[attr-defined]
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()  # a context: more pages in it
     page.on("request", lambda request: requests.append(request.url))
     page.goto(url)
     page.wait_for_load_state("networkidle")
