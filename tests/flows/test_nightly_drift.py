@@ -105,6 +105,7 @@ def trigger_fires_on(state: Any) -> bool:
     return ServerTrigger.model_validate(trigger.model_dump()).expects(f"prefect.flow-run.{state.name}")
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_drift_without_a_baseline_ends_in_drift(drift_server: DriftServer, tmp_path: Path, prefect_api: None) -> None:
     """The shipped state has no baseline: drift must still end the night in Drift, which the automation reacts
     to; the table and the message name where each threshold comes from when the server says."""

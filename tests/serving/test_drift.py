@@ -164,6 +164,7 @@ def calibrated(model: FiftyClasses, test_images: np.ndarray, rate: float) -> tup
     return ref, thresholds
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_calibrated_thresholds_keep_test_like_traffic_ok_at_fifty_classes_and_catch_one_class() -> None:
     """Fixed PSI thresholds of 0.25 read every window of 500 test-like predictions of a 50-class model with 500
     test images as drift (issue 38: 100% at window 200, 20% at 500); calibrated ones stay under their rate, and

@@ -259,6 +259,7 @@ def test_into_a_split_dataset_goes_to_train_and_splits_as_preprocess(
     assert len(splits) == 36 and {s: splits.count(s) for s in ("train", "val", "test")} == entry["splits"]
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_bad_into_inputs_get_one_line_and_change_nothing(tracked: Path, tmp_path: Path) -> None:
     repo, dest = tracked, tracked / "data" / "raw" / "pets"
     new = renamed(make_imagefolder(tmp_path / "new", classes=2, per_class=2, seed=1), "n")

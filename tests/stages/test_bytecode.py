@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.project import env_with_venv, make_project
 
 
+@pytest.mark.slow  # the default suite's budget (issue 59 item 4): make test-slow runs it
 def test_the_bytecode_a_stage_writes_beside_its_code_changes_none_of_its_deps(tmp_path: Path) -> None:
     repo = make_project(tmp_path / "repo")
     env = {k: v for k, v in env_with_venv().items() if k != "PYTHONDONTWRITEBYTECODE"}
