@@ -48,6 +48,7 @@ from tasks.core.params import AugmentParams
 from tasks.images.imaging import PreprocessSpec, load_array
 from tasks.images.shards import BATCH_BYTES, ShardSplit, shard_schema
 from tasks.training.augment import Augment
+from tasks.training.models import build_model
 from tasks.training.precision import resolve_precision
 
 BATCH = 64  # the loader's batch, as bench_data
@@ -185,11 +186,13 @@ def pixel_error(dataset: Stored, raw: np.ndarray) -> tuple[float, int]:
     return total / len(dataset), worst
 
 
-def train_rate(size: int, threads: int, steps: int) -> tuple[float, str]:
-    """img/s of a bare resnet18 step (forward, loss, backward, SGD step) on one synthetic batch, after 1 warm-up."""
+def train_rate(size: int, threads: int, steps: int, arch: str = "resnet18") -> tuple[float, str]:
+    """img/s of a bare `arch` step (forward, loss, backward, SGD step) on one synthetic batch, after 1 warm-up, in the
+    precision and memory format the train stage would use for it."""
     torch.set_num_threads(threads)
-    precision = resolve_precision("auto", torch.device("cpu"), "auto")
-    model = precision.place(torchvision.models.resnet18(weights=None, num_classes=10))
+    built = build_model(arch, 10).train()
+    precision = resolve_precision("auto", torch.device("cpu"), "auto").for_model(built, "auto")
+    model = precision.place(built)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = precision.place(torch.randn(TRAIN_BATCH, 3, size, size))
     y = torch.randint(0, 10, (TRAIN_BATCH,))

@@ -11,7 +11,7 @@ fused), and exported by the export stage's function (tasks.training.serialize.ex
 - onnxruntime latency, median of `--repeats` calls, at batch 1 and 8, at 64 and 224 px, with the server's
   session settings (tasks.release.inference.session_options at serve.threads, 1 intra-op thread a stream);
 - training img/s at 64 and 224 px: forward, loss, backward and an SGD step on one batch of 32, on 2 threads, after
-  one warm-up step, in the precision and memory format the train stage resolves here;
+  one warm-up step, in the precision and memory format the train stage resolves here (bench_storage.train_rate);
 - ONNX parity: the largest |logit difference| against PyTorch on 16 random images at 64 px, over the largest logit;
 - with --accuracy: params.yaml's train section with train.arch set, on `--shards` (make run's default data), each
   seed (test accuracy, mean), then the export stage's INT8 (static, per-channel as params.yaml's export.int8)
@@ -36,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_storage import train_rate  # noqa: E402  (a bare train step's img/s)
 from tasks import train  # noqa: E402
 from tasks.core.params import TIMM_PREFIX, load_params  # noqa: E402
 from tasks.images.imaging import PreprocessSpec  # noqa: E402
@@ -44,7 +45,6 @@ from tasks.release.inference import median_latency_ms, session_options  # noqa: 
 from tasks.release.parity import int8_report  # noqa: E402
 from tasks.release.quantize import calibration_sample, quantize_int8  # noqa: E402
 from tasks.training.models import build_model, for_export, load_model_file, normalize, split_logits  # noqa: E402
-from tasks.training.precision import resolve_precision  # noqa: E402
 from tasks.training.serialize import INPUT_NAME, export_onnx  # noqa: E402
 
 MODELS = ("resnet18", "mobilenet_v3_small", "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf",
@@ -94,28 +94,6 @@ def parity(model: torch.nn.Module, tmp: Path) -> float:
     return float(np.abs(reference - got).max() / max(np.abs(reference).max(), 1e-12))
 
 
-def train_rate(arch: str, size: int, steps: int = 3) -> float:
-    torch.set_num_threads(2)
-    built = build_model(arch, 10).train()
-    precision = resolve_precision("auto", torch.device("cpu"), "auto").for_model(built, "auto")  # as the train stage
-    model = precision.place(built)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = precision.place(torch.randn(32, 3, size, size)), torch.randint(0, 10, (32,))
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with precision.autocast():
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-    step()
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return 32 * steps / (time.perf_counter() - start)
-
-
 def accuracy(arch: str, shards: Path, seeds: list[int], tmp: Path) -> tuple[list[float], dict[str, float], float]:
     """Test accuracy per seed from scratch, the first seed's INT8 report on the test split, and mean train s."""
     p = load_params(ROOT / "params.yaml")
@@ -163,7 +141,7 @@ def main() -> None:
             model = for_export(build_model(arch, 10).eval())
             count = sum(p.numel() for p in model.parameters()) / 1e6
             latency = {size: serving_ms(model, size, tmp, threads, args.repeats) for size in (224, 64)}
-            rates = {size: train_rate(arch, size) for size in (64, 224)}
+            rates = {size: train_rate(size, 2, 3, arch)[0] for size in (64, 224)}
             row = {"arch": arch, "params": count, "latency": latency, "parity": parity(model, tmp), "train": rates,
                    "top1": published_top1(arch)}  # fmt: skip
             if args.accuracy:
