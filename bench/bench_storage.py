@@ -191,7 +191,7 @@ def train_rate(size: int, threads: int, steps: int, arch: str = "resnet18") -> t
     precision and memory format the train stage would use for it."""
     torch.set_num_threads(threads)
     built = build_model(arch, 10).train()
-    precision = resolve_precision("auto", torch.device("cpu"), "auto").for_model(built, "auto")
+    precision = resolve_precision("auto", torch.device("cpu"), "auto", model=built)
     model = precision.place(built)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = precision.place(torch.randn(TRAIN_BATCH, 3, size, size))

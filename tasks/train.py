@@ -153,9 +153,7 @@ def _setup(
     data = start.data(world, pin_memory=device.type == "cuda")
     epoch_one = data.generator.get_state()  # before a resume moves it: the grid shows the first batch
     built = start.model()
-    precision = resolve_precision(params.precision, device, params.memory_format).for_model(
-        built.module, params.memory_format
-    )
+    precision = resolve_precision(params.precision, device, params.memory_format, model=built.module)
     if device.type == "cpu":  # the environment record was resolved from /proc/cpuinfo: torch must agree with it
         disagree = cpu_facts_disagree(torch.backends.cpu.get_cpu_capability(), cpu_has_native_bf16())
         if disagree:

@@ -53,7 +53,7 @@ def run(train: TrainParams, sanity: SanityParams, *, seed: int, shard_dir: Path,
                 "nonfinite": "abort", "batch_size": batch, "epochs": 1, "accumulation_steps": 1}
     )  # fmt: skip
     built = start.model(recipe).module
-    precision = resolve_precision(recipe.precision, device, recipe.memory_format).for_model(built, recipe.memory_format)
+    precision = resolve_precision(recipe.precision, device, recipe.memory_format, model=built)
     model = precision.place(built.to(device))
     optimizer, schedule = start.optimizer(model, recipe)
     runner = StepRunner(

@@ -95,7 +95,7 @@ def _arm(params: TrainParams, flips: bool, shard_dir: Path, spec: PreprocessSpec
     loader = make_loader(dataset, sampler, num_workers=0, pin_memory=False, generator=generator)
     torch.manual_seed(derive_seed(seed, "flip_probe_init"))  # the same start weights in both arms
     built = build_model(arm.arch, len(spec.class_names))
-    precision = resolve_precision(arm.precision, device, arm.memory_format).for_model(built, arm.memory_format)
+    precision = resolve_precision(arm.precision, device, arm.memory_format, model=built)
     model = precision.place(built.to(device))
     optimizer = build_optimizer(model, arm)
     runner = StepRunner(

@@ -92,7 +92,7 @@ __all__ = [
 
 def cpu_channels_last_breaks(model: torch.nn.Module) -> str | None:
     """The first layer (named, with its shape) whose channels_last backward on a CPU corrupts memory: a 1x1 Conv2d
-    with a stride over fewer than 8 input channels, as MobileOne's, FastViT's and RepViT's stems have (measured with
+    with a stride over fewer than 8 input channels, as MobileOne's and FastViT's stems have (measured with
     torch 2.14.1: 2-5 input channels at stride 2 segfaulted or hung; 1, 6, 8 and more, and stride 1, ran)."""
     for name, module in model.named_modules():
         if (isinstance(module, torch.nn.Conv2d) and module.kernel_size == (1, 1) and module.stride != (1, 1)
@@ -108,14 +108,16 @@ def cpu_has_native_bf16() -> bool:
     return cpu_native_bf16()
 
 
-def resolve_precision(requested: str, device: torch.device, memory_format: str = "contiguous") -> Precision:
+def resolve_precision(requested: str, device: torch.device, memory_format: str = "contiguous",
+                      model: torch.nn.Module | None = None) -> Precision:  # fmt: skip
     """The CPU's rules are tasks/core/environment.py's (the environment stage applies them torch-free), fed
-    here with torch's own answers."""
+    here with torch's own answers; with the `model` that will train, `Precision.for_model` too."""
     if requested == "auto" and device.type == "cuda":
         requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     elif device.type != "cuda":
         requested = cpu_precision(requested, cpu_has_native_bf16())
-    return Precision(requested, device.type, resolve_memory_format(memory_format, requested, device))
+    precision = Precision(requested, device.type, resolve_memory_format(memory_format, requested, device))
+    return precision if model is None else precision.for_model(model, memory_format)
 
 
 def resolve_memory_format(requested: str, precision: str, device: torch.device) -> str:
